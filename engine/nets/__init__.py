@@ -1,0 +1,1 @@
+"""The bundled default network (``*.onnx``) and its provenance (``*.json``, ``*.md``)."""

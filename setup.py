@@ -1,0 +1,141 @@
+"""Build and packaging for cyzero.
+
+Every ``cython_src/<stem>.pyx`` becomes the extension module ``engine.<stem>``
+(``cython_src/board.pyx`` -> ``engine.board``).
+
+Where the ``.pxd`` files go
+---------------------------
+Cython looks up the declarations of a module by its fully qualified name: for
+``engine.board`` it wants ``engine/board.pxd`` on the include path (a flat
+``cython_src/board.pxd`` would be silently ignored). So each module's C-level
+API lives in ``engine/<stem>.pxd``, is installed with the package, and sibling
+modules cimport it by package name::
+
+    from engine.board cimport Board, Pos, gen_legal
+
+Cython's rebuild check only connects a ``.pxd`` that sits beside its ``.pyx``,
+so this script drops every generated ``cython_src/*.c`` older than any
+``engine/*.pxd``: change a ``.pxd`` and every module is regenerated, which keeps
+the modules' shared C structs in step.
+
+Environment switches
+--------------------
+``CYZERO_NATIVE=1``    add ``-march=native`` (off by default so wheels stay portable)
+``CYZERO_ANNOTATE=1``  write Cython's HTML annotation next to each ``.pyx``
+
+Both only take effect for modules that get rebuilt: ``make clean`` (or
+``build_ext --force``) after switching them.
+"""
+
+import glob
+import os
+import re
+
+from setuptools import Extension, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+os.chdir(ROOT)  # setuptools and Cython work with paths relative to the project root
+
+CYTHON_SRC = "cython_src"
+PACKAGE = "engine"
+
+
+def read_version():
+    with open(os.path.join(PACKAGE, "__init__.py"), encoding="utf-8") as f:
+        match = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', f.read(), re.M)
+    if not match:
+        raise RuntimeError("no __version__ in engine/__init__.py")
+    return match.group(1)
+
+
+def env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def drop_stale_c_files(sources):
+    """Regenerate every module whose C file is older than a .pxd in engine/ (see above)."""
+    pxds = glob.glob(os.path.join(PACKAGE, "*.pxd"))
+    if not pxds:
+        return
+    newest = max(os.path.getmtime(p) for p in pxds)
+    for src in sources:
+        c_file = os.path.splitext(src)[0] + ".c"
+        if os.path.exists(c_file) and os.path.getmtime(c_file) < newest:
+            os.remove(c_file)
+
+
+def extensions():
+    sources = sorted(glob.glob(os.path.join(CYTHON_SRC, "*.pyx")))
+    if not sources:
+        return []
+
+    import numpy
+    from Cython.Build import cythonize
+
+    drop_stale_c_files(sources)
+    compile_args = ["-O3"]
+    if env_flag("CYZERO_NATIVE"):
+        compile_args.append("-march=native")
+    modules = [
+        Extension(
+            f"{PACKAGE}.{os.path.splitext(os.path.basename(src))[0]}",
+            [src],
+            include_dirs=[numpy.get_include()],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            extra_compile_args=compile_args,
+        )
+        for src in sources
+    ]
+    return cythonize(
+        modules,
+        include_path=["."],
+        annotate=env_flag("CYZERO_ANNOTATE"),
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "embedsignature": True,
+        },
+    )
+
+
+# PEP 508 markers have no "not": the second is the first one negated by hand.
+ORT_GPU = 'platform_system == "Linux" and platform_machine == "x86_64"'
+ORT_CPU = 'platform_system != "Linux" or platform_machine != "x86_64"'
+
+setup(
+    name="cyzero",
+    version=read_version(),
+    description="AlphaZero-style chess engine and training system with a Cython core",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    if os.path.exists(os.path.join(ROOT, "README.md"))
+    else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["engine", "engine.nets", "uci", "trainer"],
+    package_data={"engine": ["*.pxd"], "engine.nets": ["*.onnx", "*.json", "*.md"]},
+    ext_modules=extensions(),
+    install_requires=[
+        "numpy",
+        "chess",
+        "pyzmq",
+        "msgpack",
+        f"onnxruntime-gpu; {ORT_GPU}",
+        f"onnxruntime; {ORT_CPU}",
+    ],
+    extras_require={
+        # torch itself: install the pin you want first (see the Makefile's TORCH);
+        # onnxscript is imported by torch.onnx.export's default (dynamo) exporter.
+        "train": ["torch", "onnx", "onnxscript", "tqdm", "matplotlib"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist"],
+    },
+    entry_points={
+        "console_scripts": [
+            "cyzero = engine.cli:main",
+            "cyzero-train = trainer.cli:main",
+        ],
+    },
+    zip_safe=False,
+)

@@ -1,0 +1,65 @@
+"""Shared python-chess helpers for the board tests.
+
+python-chess (``chess``) is the trusted rules reference: everything the Cython
+core (``engine.board``) computes is compared against what python-chess says
+about the same position.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import chess
+
+
+def ref_perft(board: chess.Board, depth: int) -> int:
+    """Leaf count of the legal move tree, with bulk counting at depth 1."""
+    if depth == 0:
+        return 1
+    if depth == 1:
+        return board.legal_moves.count()
+    nodes = 0
+    for move in board.generate_legal_moves():
+        board.push(move)
+        nodes += ref_perft(board, depth - 1)
+        board.pop()
+    return nodes
+
+
+def ref_perft_divide(board: chess.Board, depth: int) -> Dict[str, int]:
+    """Per root move (UCI, chess960-aware like the core) -> perft(depth - 1) below it."""
+    assert depth >= 1
+    result = {}
+    for move in board.generate_legal_moves():
+        uci = board.uci(move)
+        board.push(move)
+        result[uci] = ref_perft(board, depth - 1)
+        board.pop()
+    return result
+
+
+def ref_legal_ucis(board: chess.Board) -> set:
+    """Legal moves as UCI strings; castling as king-takes-rook iff board.chess960."""
+    return {board.uci(m) for m in board.generate_legal_moves()}
+
+
+def outcome_tuple(outcome: Optional[chess.Outcome]) -> Optional[Tuple[str, Optional[bool]]]:
+    """chess.Outcome -> (termination name in lower case, winner), the core's format."""
+    if outcome is None:
+        return None
+    return (outcome.termination.name.lower(), outcome.winner)
+
+
+def position_key(fen: str) -> str:
+    """The first four FEN fields (board, turn, castling, en passant): the position
+    without the move counters, as used for repetition and hashing."""
+    return " ".join(fen.split()[:4])
+
+
+def ref_accepts(fen: str, chess960: bool) -> Optional[chess.Board]:
+    """python-chess's verdict on a FEN: the board if it parses and is_valid(), else None."""
+    try:
+        board = chess.Board(fen, chess960=chess960)
+    except ValueError:
+        return None
+    return board if board.is_valid() else None
