@@ -830,6 +830,7 @@ cdef class Board:
     def __cinit__(self):
         self.capacity = 64
         self.nstack = 0
+        self.start_ep = -1
         self.stack = <Undo*>malloc(self.capacity * sizeof(Undo))
         if self.stack == NULL:
             raise MemoryError()
@@ -903,6 +904,7 @@ cdef class Board:
         p.key = compute_key(&p)
         self.pos = p
         self.nstack = 0
+        self.start_ep = ep_sq
 
     # -- basic properties ------------------------------------------------------
 
@@ -956,6 +958,7 @@ cdef class Board:
             b.capacity = self.nstack
         memcpy(b.stack, self.stack, self.nstack * sizeof(Undo))
         b.nstack = self.nstack
+        b.start_ep = self.start_ep
         return b
 
     def __copy__(self):

@@ -76,6 +76,7 @@ cdef class Board:
     cdef Undo* stack          # one entry per pushed move; stack[i].key is the key before move i
     cdef int nstack
     cdef int capacity
+    cdef int start_ep         # the en-passant square the FEN named (even when no capture is legal), else -1
 
     cdef int _push(self, Move m) except -1
     cdef bint _has_moves(self) noexcept

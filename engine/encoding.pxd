@@ -1,0 +1,23 @@
+# cython: language_level=3
+"""C-level API of the lc0-compatible encoder, shared with the MCTS tree."""
+
+from engine.board cimport Pos, Undo, Move
+
+cdef enum:
+    PLANES = 112
+    POLICY_SIZE = 1858
+    PLANE_FLOATS = 112 * 64
+
+# Policy index of a legal move of ``p`` (side-to-move view, castling as king-takes-rook).
+cdef int move_index(const Pos* p, Move m) noexcept nogil
+
+# Write the 112x8x8 float32 input of the position ``cur`` whose game so far is
+# ``stack[0:nstack]`` (undo records, oldest first) into ``out``. ``start_ep`` is the
+# en-passant square the game's starting FEN named, or -1.
+cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start_ep,
+                        float* out) noexcept nogil
+
+# Legal moves of ``p`` with their softmax priors over ``logits`` at ``temperature``;
+# returns the number of moves written to ``moves``/``priors`` (room for MAX_MOVES).
+cdef int legal_priors(const Pos* p, const float* logits, float temperature,
+                      Move* moves, float* priors) noexcept nogil
