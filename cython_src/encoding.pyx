@@ -8,10 +8,12 @@ seen from the side to move (mirrored for black), castling as king-takes-rook,
 knight promotions on the plain from-to entry.
 """
 
+import operator
+
 import numpy as np
 cimport numpy as cnp
 
-from libc.math cimport expf
+from libc.math cimport exp
 from libc.string cimport memset, memcpy
 from libc.stdint cimport int16_t, uint64_t
 
@@ -64,7 +66,7 @@ cdef list _build_policy_table():
                 INDEX_MOVE[n] = <Move>(frm | (to << 6) | (promo_pieces[k] << 12))
                 names.append(_square_name(frm) + _square_name(to) + "qrb"[k])
                 n += 1
-    assert n == POLICY_SIZE, n
+    assert n == POLICY_MOVES, n
     return names
 
 
@@ -73,8 +75,8 @@ def _square_name(int sq):
 
 
 POLICY_INDEX = _build_policy_table()
-PLANES_COUNT = PLANES
-POLICY_COUNT = POLICY_SIZE
+PLANES = INPUT_PLANES
+POLICY_SIZE = POLICY_MOVES
 
 
 cdef int move_index(const Pos* p, Move m) noexcept nogil:
@@ -215,19 +217,27 @@ cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start
 cdef int legal_priors(const Pos* p, const float* logits, float temperature,
                       Move* moves, float* priors) noexcept nogil:
     cdef int n = gen_legal(p, moves), i
-    cdef float hi = -3.0e38, total = 0.0, inv_t
+    cdef float hi = -3.0e38, x
+    cdef double total = 0.0, inv_t
     if n == 0:
         return 0
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     for i in range(n):
-        priors[i] = logits[move_index(p, moves[i])] * inv_t
-        if priors[i] > hi:
-            hi = priors[i]
+        x = logits[move_index(p, moves[i])]
+        priors[i] = x
+        if x > hi and x == x and x < 3.0e38:
+            hi = x
     for i in range(n):
-        priors[i] = expf(priors[i] - hi)
+        x = priors[i]
+        # Subtract the largest logit before scaling: exact for huge logits, no overflow.
+        priors[i] = <float>exp((x - hi) * inv_t) if (x == x and x <= hi) else 0.0
         total += priors[i]
+    if not total > 0:   # NaN or no finite logit: fall back to uniform rather than poison the tree
+        for i in range(n):
+            priors[i] = 1.0 / n
+        return n
     for i in range(n):
-        priors[i] /= total
+        priors[i] = <float>(priors[i] / total)
     return n
 
 
@@ -237,8 +247,8 @@ cdef int legal_priors(const Pos* p, const float* logits, float temperature,
 def encode_board(Board board, out=None):
     """The [112, 8, 8] float32 input for ``board`` and its move history."""
     if out is None:
-        out = np.empty((PLANES, 8, 8), dtype=np.float32)
-    cdef float[:, :, ::1] view = _checked_buffer(out, (PLANES, 8, 8))
+        out = np.empty((INPUT_PLANES, 8, 8), dtype=np.float32)
+    cdef float[:, :, ::1] view = _checked_buffer(out, (INPUT_PLANES, 8, 8))
     with nogil:
         encode_planes(&board.pos, board.stack, board.nstack, board.start_ep, &view[0, 0, 0])
     return out
@@ -249,8 +259,8 @@ def encode_boards(boards, out=None):
     boards = list(boards)
     cdef Py_ssize_t n = len(boards), i
     if out is None:
-        out = np.empty((n, PLANES, 8, 8), dtype=np.float32)
-    cdef float[:, :, :, ::1] view = _checked_buffer(out, (n, PLANES, 8, 8))
+        out = np.empty((n, INPUT_PLANES, 8, 8), dtype=np.float32)
+    cdef float[:, :, :, ::1] view = _checked_buffer(out, (n, INPUT_PLANES, 8, 8))
     cdef Board b
     for i in range(n):
         b = boards[i]
@@ -285,10 +295,11 @@ def move_to_index(Board board, uci):
     return move_index(&board.pos, _legal_move(board, uci))
 
 
-def index_to_move(Board board, int index):
+def index_to_move(Board board, index):
     """The legal move of ``board`` with policy index ``index``, in the board's UCI notation."""
-    if not 0 <= index < POLICY_SIZE:
-        raise ValueError(f"policy index must be 0..{POLICY_SIZE - 1}, got {index}")
+    index = operator.index(index)
+    if not 0 <= index < POLICY_MOVES:
+        raise ValueError(f"policy index must be 0..{POLICY_MOVES - 1}, got {index}")
     cdef Move moves[MAX_MOVES]
     cdef int n = gen_legal(&board.pos, moves), i
     for i in range(n):
@@ -300,7 +311,7 @@ def index_to_move(Board board, int index):
 
 def legal_mask(Board board):
     """Boolean [1858] mask of the legal moves' policy indices."""
-    mask = np.zeros(POLICY_SIZE, dtype=bool)
+    mask = np.zeros(POLICY_MOVES, dtype=bool)
     cdef Move moves[MAX_MOVES]
     cdef int n = gen_legal(&board.pos, moves), i
     for i in range(n):
@@ -312,9 +323,12 @@ def legal_policy(Board board, logits, float temperature=1.0):
     """Legal moves (UCI) and their softmax probabilities over ``logits`` [1858] at ``temperature``."""
     if temperature <= 0:
         raise ValueError(f"policy temperature must be > 0, got {temperature}")
-    cdef float[::1] lg = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
-    if lg.shape[0] != POLICY_SIZE:
-        raise ValueError(f"logits must have {POLICY_SIZE} entries, got {lg.shape[0]}")
+    array = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    if array.shape[0] != POLICY_MOVES:
+        raise ValueError(f"logits must have {POLICY_MOVES} entries, got {array.shape[0]}")
+    if not np.isfinite(array).all():
+        raise ValueError("logits must be finite numbers (got NaN or infinity)")
+    cdef float[::1] lg = array
     cdef Move moves[MAX_MOVES]
     cdef float priors[MAX_MOVES]
     cdef int n = legal_priors(&board.pos, &lg[0], temperature, moves, priors)

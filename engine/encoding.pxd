@@ -4,8 +4,8 @@
 from engine.board cimport Pos, Undo, Move
 
 cdef enum:
-    PLANES = 112
-    POLICY_SIZE = 1858
+    INPUT_PLANES = 112
+    POLICY_MOVES = 1858
     PLANE_FLOATS = 112 * 64
 
 # Policy index of a legal move of ``p`` (side-to-move view, castling as king-takes-rook).

@@ -1,0 +1,1185 @@
+# cython: language_level=3
+"""The MCTS tree: PUCT selection, batched gathering over many trees, WDL backup.
+
+Nodes (32 bytes) and edges (4 bytes) live in flat C pools per tree, with the
+children of a node kept as a sibling list in edge order, as lc0 does. A
+:class:`Batch` collects the leaves of any number of trees into one float32
+input buffer, so a self-play worker evaluates the leaves of all its games in
+one network call; ``Batch.backup`` expands the leaves and backs the values up
+through each tree. Gathering and backup run without the GIL.
+
+Values are stored from the view of the player who moved into the node, so a
+parent picks the child with the highest ``wl`` directly.
+"""
+
+import numpy as np
+cimport numpy as cnp
+
+from libc.math cimport sqrtf, logf, powf
+from libc.stdlib cimport malloc, realloc, free, calloc
+from libc.string cimport memset, memcpy
+from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
+
+from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
+                           unmake_move, in_check, insufficient_material, move_to_uci)
+from engine.encoding cimport encode_planes, legal_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS
+
+cnp.import_array()
+
+cdef enum:
+    NODE_EXPANDED = 1     # edges exist
+    NODE_TERMINAL = 2     # game over here (mate, stalemate, draw rules)
+    NODE_PENDING = 4      # waiting for the network
+    NODE_PROVEN = 8       # exact result known (terminal, or proven from the children)
+    NODE_TWOFOLD = 16     # draw by a repetition that happened inside the tree (depends on the root)
+    MAX_PATH = 1024
+
+cdef float NO_BOUND = 2.0
+
+
+# ---------------------------------------------------------------------------
+# Small helpers.
+
+cdef inline uint64_t _rand(TreeCore* t) noexcept nogil:
+    t.rng += 0x9E3779B97F4A7C15ULL
+    cdef uint64_t z = t.rng
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline double _uniform(TreeCore* t) noexcept nogil:
+    return ((_rand(t) >> 11) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+cdef double _normal(TreeCore* t) noexcept nogil:
+    cdef double u, v, s
+    while True:
+        u = 2.0 * _uniform(t) - 1.0
+        v = 2.0 * _uniform(t) - 1.0
+        s = u * u + v * v
+        if 0.0 < s < 1.0:
+            return u * sqrtf(<float>(-2.0 * logf(<float>s) / s))
+
+
+cdef double _gamma(TreeCore* t, double alpha) noexcept nogil:
+    """Marsaglia-Tsang gamma variate (alpha < 1 via the boost u^(1/alpha))."""
+    cdef double boost = 1.0, d, c, x, v, u
+    if alpha < 1.0:
+        boost = powf(<float>_uniform(t), <float>(1.0 / alpha))
+        alpha += 1.0
+    d = alpha - 1.0 / 3.0
+    c = 1.0 / sqrtf(<float>(9.0 * d))
+    while True:
+        x = _normal(t)
+        v = 1.0 + c * x
+        if v <= 0:
+            continue
+        v = v * v * v
+        u = _uniform(t)
+        if u < 1.0 - 0.0331 * x * x * x * x or logf(<float>u) < 0.5 * x * x + d * (1.0 - v + logf(<float>v)):
+            return d * v * boost
+
+
+cdef inline float _m_value(const Node* n) noexcept nogil:
+    return n.m * (1.0 / 16.0)
+
+
+cdef inline uint16_t _m_fixed(float plies) noexcept nogil:
+    if plies < 0:
+        plies = 0
+    if plies > 4095:
+        plies = 4095
+    return <uint16_t>(plies * 16.0 + 0.5)
+
+
+cdef inline uint64_t _cache_key(const Pos* p) noexcept nogil:
+    return p.key ^ (<uint64_t>(p.halfmove + 1) * 0x9E3779B97F4A7C15ULL)
+
+
+# ---------------------------------------------------------------------------
+# Pools.
+
+cdef int _reserve(TreeCore* t, uint32_t nodes, uint32_t edges) noexcept nogil:
+    """Make room for ``nodes`` more nodes and ``edges`` more edges; -1 if over budget or out of memory."""
+    cdef uint32_t cap
+    cdef void* p
+    cdef uint64_t need = (<uint64_t>(t.n_nodes + nodes) * sizeof(Node)
+                          + <uint64_t>(t.n_edges + edges) * sizeof(Edge))
+    if t.max_bytes and need > t.max_bytes:
+        return -1
+    if t.n_nodes + nodes > t.cap_nodes:
+        cap = t.cap_nodes * 2
+        while cap < t.n_nodes + nodes:
+            cap *= 2
+        p = realloc(t.nodes, cap * sizeof(Node))
+        if p == NULL:
+            return -1
+        t.nodes = <Node*>p
+        t.cap_nodes = cap
+    if t.n_edges + edges > t.cap_edges:
+        cap = t.cap_edges * 2
+        while cap < t.n_edges + edges:
+            cap *= 2
+        p = realloc(t.edges, cap * sizeof(Edge))
+        if p == NULL:
+            return -1
+        t.edges = <Edge*>p
+        t.cap_edges = cap
+    return 0
+
+
+cdef inline uint32_t _new_node(TreeCore* t, uint8_t edge_idx) noexcept nogil:
+    cdef uint32_t i = t.n_nodes
+    t.n_nodes += 1
+    memset(&t.nodes[i], 0, sizeof(Node))
+    t.nodes[i].edge_idx = edge_idx
+    return i
+
+
+cdef void _clear_pools(TreeCore* t) noexcept nogil:
+    t.n_nodes = 1          # node 0 is the null node
+    t.n_edges = 0
+    memset(&t.nodes[0], 0, sizeof(Node))
+    t.root = _new_node(t, 0)
+
+
+# ---------------------------------------------------------------------------
+# Selection.
+
+cdef inline float _cpuct(const Params* p, uint32_t n, bint root) noexcept nogil:
+    if root:
+        return p.cpuct_root + p.cpuct_factor_root * logf((n + p.cpuct_base_root) / p.cpuct_base_root)
+    return p.cpuct + p.cpuct_factor * logf((n + p.cpuct_base) / p.cpuct_base)
+
+
+cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
+    """Index of the edge to explore from node ``ni`` (PUCT with FPU reduction), -1 if none allowed."""
+    cdef Node* node = &t.nodes[ni]
+    cdef Edge* edges = &t.edges[node.edges]
+    cdef Params* prm = &t.params
+    cdef uint32_t children_visits = node.n - 1 if node.n > 0 else 0
+    cdef float puct = _cpuct(prm, node.n, root) * sqrtf(<float>(children_visits if children_visits > 1 else 1))
+    cdef float visited_policy = 0.0
+    cdef uint32_t ci = node.child
+    cdef Node* c
+    while ci:
+        c = &t.nodes[ci]
+        if c.n > 0:
+            visited_policy += t.edges[node.edges + c.edge_idx].prior * (1.0 / 65535.0)
+        ci = c.sibling
+    # node.wl is from the view of whoever moved into this node; children are seen by the player to move here.
+    cdef float parent_q = -node.wl if node.n > 0 else 0.0
+    cdef float fpu = parent_q - (prm.fpu_value_root if root else prm.fpu_value) * sqrtf(visited_policy)
+    cdef int best = -1, i
+    cdef float best_score = -1e30, score, q, p
+    cdef bint scored_unvisited = False
+    ci = node.child
+    for i in range(node.num_edges):
+        if root and t.root_filter != NULL and not _in_filter(t, edges[i].move):
+            if ci and t.nodes[ci].edge_idx == i:
+                ci = t.nodes[ci].sibling
+            continue
+        p = edges[i].prior * (1.0 / 65535.0)
+        if ci and t.nodes[ci].edge_idx == i:
+            c = &t.nodes[ci]
+            ci = c.sibling
+            if c.flags & NODE_PROVEN:
+                q = c.bound
+            elif c.n > 0:
+                q = c.wl
+            else:
+                q = fpu
+            score = q + puct * p / (1.0 + c.n + c.n_in_flight)
+        else:
+            if scored_unvisited:
+                if not ci and not root:
+                    break  # edges are sorted by prior: later unvisited edges score lower
+                continue
+            scored_unvisited = not root
+            score = fpu + puct * p
+        if score > best_score:
+            best_score = score
+            best = i
+    return best
+
+
+cdef inline uint32_t _child(TreeCore* t, uint32_t ni, int edge) noexcept nogil:
+    """The child node behind ``edge``, created (in edge order) if missing; 0 if out of memory."""
+    cdef uint32_t prev = 0, ci = t.nodes[ni].child, nc
+    while ci and t.nodes[ci].edge_idx < edge:
+        prev = ci
+        ci = t.nodes[ci].sibling
+    if ci and t.nodes[ci].edge_idx == edge:
+        return ci
+    if _reserve(t, 1, 0) < 0:
+        return 0
+    nc = _new_node(t, <uint8_t>edge)
+    t.nodes[nc].sibling = ci
+    if prev:
+        t.nodes[prev].sibling = nc
+    else:
+        t.nodes[ni].child = nc
+    return nc
+
+
+# ---------------------------------------------------------------------------
+# Terminal detection and proofs.
+
+cdef inline bint _is_repetition_draw(TreeCore* t, const Pos* p, int ply) noexcept nogil:
+    """Threefold with the game history, or twofold where the earlier position is in the tree."""
+    cdef int j = ply - 4, count = 0
+    cdef int64_t lo = ply - p.halfmove
+    if lo < 0:
+        lo = 0
+    while j >= lo:
+        if t.stack[j].key == p.key:
+            if t.params.two_fold_draws and j >= t.root_ply:
+                return True
+            count += 1
+            if count >= 2:
+                return True
+        j -= 2
+    return False
+
+
+cdef inline bint _twofold_only(TreeCore* t, const Pos* p, int ply) noexcept nogil:
+    """Whether the repetition draw at ``ply`` needs the in-tree twofold rule (it depends on the root)."""
+    cdef int j = ply - 4, count = 0
+    cdef int64_t lo = ply - p.halfmove
+    if lo < 0:
+        lo = 0
+    while j >= lo:
+        if t.stack[j].key == p.key:
+            count += 1
+        j -= 2
+    return count < 2
+
+
+cdef void _prove_up(TreeCore* t, const uint32_t* path, int depth) noexcept nogil:
+    """Propagate exact results upwards while the children prove their parents."""
+    cdef int k
+    cdef uint32_t ni, ci
+    cdef Node* node
+    cdef Node* c
+    cdef int best_lower, best_upper, cb, i, seen
+    cdef int m_win, m_loss, m_c
+    for k in range(depth - 1, -1, -1):
+        ni = path[k]
+        node = &t.nodes[ni]
+        if node.flags & NODE_PROVEN or not (node.flags & NODE_EXPANDED):
+            return
+        # Child results are seen by the player to move here; the parent's by the other.
+        best_lower = -1
+        best_upper = -1
+        m_win = 1 << 30
+        m_loss = 0
+        seen = 0
+        ci = node.child
+        for i in range(node.num_edges):
+            if ci and t.nodes[ci].edge_idx == i:
+                c = &t.nodes[ci]
+                ci = c.sibling
+                if c.flags & NODE_PROVEN:
+                    cb = c.bound
+                    m_c = c.m >> 4
+                    if cb > best_lower:
+                        best_lower = cb
+                    if cb > best_upper:
+                        best_upper = cb
+                    if cb == 1 and m_c < m_win:
+                        m_win = m_c
+                    if m_c > m_loss:
+                        m_loss = m_c
+                    seen += 1
+                    continue
+            best_upper = 1   # an unproven child could still be anything
+        if best_lower == 1:
+            node.bound = -1
+            node.m = _m_fixed(m_win + 1)
+        elif best_upper == best_lower:
+            node.bound = -best_lower
+            if best_lower == -1:
+                node.m = _m_fixed(m_loss + 1)
+        else:
+            return
+        node.flags |= NODE_PROVEN
+
+
+# ---------------------------------------------------------------------------
+# Backup.
+
+cdef void _backup(TreeCore* t, const uint32_t* path, int depth, float wl, float d, float m) noexcept nogil:
+    """Back one visit of value (wl, d, m) at path[depth] (seen by the player who moved in) up to the root."""
+    cdef int k
+    cdef Node* node
+    cdef float inv
+    for k in range(depth, -1, -1):
+        node = &t.nodes[path[k]]
+        if node.n_in_flight:
+            node.n_in_flight -= 1
+        node.n += 1
+        inv = 1.0 / node.n
+        node.wl += (wl - node.wl) * inv
+        node.d += (d - node.d) * inv
+        if not (node.flags & NODE_PROVEN) or node.bound == 0:
+            node.m = _m_fixed(_m_value(node) + (m - _m_value(node)) * inv)
+        wl = -wl
+        m += 1.0
+    t.playouts += 1
+    t.cum_depth += depth
+    if depth > t.seldepth:
+        t.seldepth = depth
+
+
+cdef void _cancel(TreeCore* t, const uint32_t* path, int depth) noexcept nogil:
+    """Undo the in-flight marks of a collided path."""
+    cdef int k
+    for k in range(depth, -1, -1):
+        if t.nodes[path[k]].n_in_flight:
+            t.nodes[path[k]].n_in_flight -= 1
+
+
+cdef int _expand(TreeCore* t, uint32_t ni, const Pos* p, const Move* moves, int n,
+                 const float* priors) noexcept nogil:
+    """Give node ``ni`` one edge per legal move, sorted by prior (highest first)."""
+    cdef int i, j
+    cdef Edge e
+    cdef Edge* edges
+    if _reserve(t, 0, n) < 0:
+        return -1
+    t.nodes[ni].edges = t.n_edges
+    t.nodes[ni].num_edges = n
+    edges = &t.edges[t.n_edges]
+    t.n_edges += n
+    for i in range(n):
+        e.move = moves[i]
+        e.prior = <uint16_t>(priors[i] * 65535.0 + 0.5) if priors[i] < 1.0 else 65535
+        j = i
+        while j > 0 and edges[j - 1].prior < e.prior:
+            edges[j] = edges[j - 1]
+            j -= 1
+        edges[j] = e
+    t.nodes[ni].flags |= NODE_EXPANDED
+    t.nodes[ni].flags &= ~NODE_PENDING
+    return 0
+
+
+cdef void _apply_root_noise(TreeCore* t) noexcept nogil:
+    """Mix Dirichlet(alpha) noise into the root priors with weight epsilon (self-play exploration)."""
+    cdef Node* root = &t.nodes[t.root]
+    cdef int n = root.num_edges, i
+    cdef double noise[256]
+    cdef double total = 0.0, p
+    if t.params.noise_epsilon <= 0 or n == 0:
+        return
+    for i in range(n):
+        noise[i] = _gamma(t, t.params.noise_alpha)
+        total += noise[i]
+    if total <= 0:
+        return
+    for i in range(n):
+        p = t.edges[root.edges + i].prior / 65535.0
+        p = (1.0 - t.params.noise_epsilon) * p + t.params.noise_epsilon * noise[i] / total
+        t.edges[root.edges + i].prior = <uint16_t>(p * 65535.0 + 0.5) if p < 1.0 else 65535
+
+
+# ---------------------------------------------------------------------------
+# The batch shared by many trees.
+
+cdef class Batch:
+    """Network requests gathered from one or more trees, with their input planes.
+
+    ``planes[:size]`` is the input to evaluate; ``backup(policy, wdl, mlh)``
+    hands the results to the trees and empties the batch.
+    """
+
+    cdef Leaf* leaves
+    cdef uint32_t* paths
+    cdef uint32_t n_paths, cap_paths
+    cdef readonly int size
+    cdef readonly int capacity
+    cdef public object planes
+    cdef float* planes_ptr
+    cdef list _owners
+
+    def __cinit__(self, int capacity=256):
+        if capacity < 1:
+            raise ValueError(f"batch capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.size = 0
+        self.leaves = <Leaf*>malloc(capacity * sizeof(Leaf))
+        self.cap_paths = capacity * 64
+        self.paths = <uint32_t*>malloc(self.cap_paths * sizeof(uint32_t))
+        self.n_paths = 0
+        if self.leaves == NULL or self.paths == NULL:
+            raise MemoryError()
+        self.planes = np.zeros((capacity, INPUT_PLANES, 8, 8), dtype=np.float32)
+        cdef float[:, :, :, ::1] view = self.planes
+        self.planes_ptr = &view[0, 0, 0, 0]
+        self._owners = []
+
+    def __dealloc__(self):
+        free(self.leaves)
+        free(self.paths)
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def full(self):
+        return self.size >= self.capacity
+
+    cdef int _reserve_path(self, int depth) noexcept nogil:
+        cdef void* p
+        if self.n_paths + depth + 1 > self.cap_paths:
+            p = realloc(self.paths, 2 * (self.cap_paths + depth + 1) * sizeof(uint32_t))
+            if p == NULL:
+                return -1
+            self.paths = <uint32_t*>p
+            self.cap_paths = 2 * (self.cap_paths + depth + 1)
+        return 0
+
+    def backup(self, policy, wdl, mlh=None):
+        """Expand every gathered leaf with the network's ``policy`` logits [N,1858], ``wdl`` [N,3]
+        (probabilities for the side to move at the leaf) and optional ``mlh`` [N], then back
+        the values up through their trees and empty the batch."""
+        cdef int n = self.size
+        if n == 0:
+            return
+        cdef float[:, ::1] pol = np.ascontiguousarray(policy, dtype=np.float32)
+        cdef float[:, ::1] w = np.ascontiguousarray(wdl, dtype=np.float32)
+        if pol.shape[0] < n or pol.shape[1] != POLICY_MOVES or w.shape[0] < n or w.shape[1] != 3:
+            raise ValueError(f"backup needs policy [{n},{POLICY_MOVES}] and wdl [{n},3], "
+                             f"got {tuple(np.shape(policy))} and {tuple(np.shape(wdl))}")
+        cdef float[::1] ml
+        cdef float* ml_ptr = NULL
+        if mlh is not None:
+            ml = np.ascontiguousarray(mlh, dtype=np.float32).reshape(-1)
+            if ml.shape[0] < n:
+                raise ValueError(f"backup needs mlh [{n}], got {tuple(np.shape(mlh))}")
+            ml_ptr = &ml[0]
+        cdef int i
+        with nogil:
+            for i in range(n):
+                _backup_leaf(&self.leaves[i], self.paths, &pol[i, 0], &w[i, 0],
+                             ml_ptr[i] if ml_ptr != NULL else 0.0)
+        self.size = 0
+        self.n_paths = 0
+        self._owners.clear()
+
+    def clear(self):
+        """Drop the gathered leaves without evaluating them (their in-flight marks are undone)."""
+        cdef int i
+        cdef Leaf* lf
+        for i in range(self.size):
+            lf = &self.leaves[i]
+            (<TreeCore*>lf.tree).nodes[lf.node].flags &= ~NODE_PENDING
+            _cancel(<TreeCore*>lf.tree, &self.paths[lf.path], lf.depth)
+        self.size = 0
+        self.n_paths = 0
+        self._owners.clear()
+
+
+cdef void _backup_leaf(Leaf* lf, const uint32_t* paths, const float* logits, const float* wdl,
+                       float mlh) noexcept nogil:
+    """Expand one network leaf from its logits and back its value up."""
+    cdef TreeCore* t = <TreeCore*>lf.tree
+    cdef uint32_t ni = lf.node
+    cdef Pos p
+    cdef Move moves[MAX_MOVES]
+    cdef float priors[MAX_MOVES]
+    cdef int n, i
+    cdef float wl = wdl[0] - wdl[2]
+    cdef CacheEntry* ce
+    # Recreate the leaf's legal moves: replay the path from the root.
+    p = t.root_pos
+    cdef Undo u
+    cdef uint32_t parent, child
+    for i in range(lf.depth):
+        parent = paths[lf.path + i]
+        child = paths[lf.path + i + 1]
+        make_move(&p, t.edges[t.nodes[parent].edges + t.nodes[child].edge_idx].move, &u)
+    n = legal_priors(&p, logits, t.params.policy_temperature, moves, priors)
+    if t.cache != NULL and t.cache_size:
+        ce = &t.cache[lf.cache_key % t.cache_size]
+        free(ce.priors)
+        ce.priors = <uint16_t*>malloc(n * sizeof(uint16_t) if n else 1)
+        if ce.priors != NULL:
+            ce.key = lf.cache_key
+            ce.wl = wl
+            ce.d = wdl[1]
+            ce.m = mlh
+            ce.nmoves = n
+            for i in range(n):
+                ce.priors[i] = <uint16_t>(priors[i] * 65535.0 + 0.5) if priors[i] < 1.0 else 65535
+    if _expand(t, ni, &p, moves, n, priors) < 0:
+        t.nodes[ni].flags &= ~NODE_PENDING
+        _cancel(t, &paths[lf.path], lf.depth)
+        return
+    if ni == t.root:
+        _apply_root_noise(t)
+    _backup(t, &paths[lf.path], lf.depth, -wl, wdl[1], mlh)
+
+
+# ---------------------------------------------------------------------------
+# The NN cache.
+
+cdef class NNCache:
+    """Network results keyed by position hash (and rule50 count), bounded to ``capacity`` entries.
+
+    Direct-mapped: a new result replaces whatever shared its slot. Holds the legal
+    moves' priors (after the policy softmax) and the WDL and moves-left values.
+    """
+
+    cdef CacheEntry* entries
+    cdef readonly uint32_t capacity
+
+    def __cinit__(self, capacity=200000):
+        if capacity < 0:
+            raise ValueError(f"NN cache size must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self.entries = <CacheEntry*>calloc(capacity if capacity else 1, sizeof(CacheEntry))
+        if self.entries == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        self._free_priors()
+        free(self.entries)
+
+    cdef void _free_priors(self) noexcept:
+        cdef uint32_t i
+        for i in range(self.capacity):
+            free(self.entries[i].priors)
+            self.entries[i].priors = NULL
+            self.entries[i].key = 0
+
+    def clear(self):
+        """Forget everything (new game, new network, new policy temperature)."""
+        self._free_priors()
+
+    def __len__(self):
+        cdef uint32_t i, n = 0
+        for i in range(self.capacity):
+            if self.entries[i].priors != NULL:
+                n += 1
+        return n
+
+    def lookup(self, Board board):
+        """``(wl, d, m, {uci: prior})`` cached for ``board``'s position, or None."""
+        if self.capacity == 0:
+            return None
+        cdef uint64_t key = _cache_key(&board.pos)
+        cdef CacheEntry* e = &self.entries[key % self.capacity]
+        if e.priors == NULL or e.key != key:
+            return None
+        moves = board.legal_moves()
+        if len(moves) != e.nmoves:
+            return None
+        return (e.wl, e.d, e.m, {mv: e.priors[i] / 65535.0 for i, mv in enumerate(moves)})
+
+
+# ---------------------------------------------------------------------------
+# The tree.
+
+DEFAULTS = dict(cpuct=1.745, cpuct_base=38739.0, cpuct_factor=3.894,
+                cpuct_root=1.745, cpuct_base_root=38739.0, cpuct_factor_root=3.894,
+                fpu_value=0.330, fpu_value_root=1.0, policy_temperature=1.359,
+                noise_epsilon=0.0, noise_alpha=0.3, two_fold_draws=True)
+
+
+cdef class Tree:
+    """One game's search tree. ``set_position`` (re)roots it, reusing the subtree
+    when the new position extends the old one; ``gather`` adds leaves to a Batch."""
+
+    cdef TreeCore core
+    cdef Board game
+    cdef NNCache cache
+    cdef object _searchmoves
+
+    def __cinit__(self):
+        memset(&self.core, 0, sizeof(TreeCore))
+        self.core.cap_nodes = 1024
+        self.core.cap_edges = 8192
+        self.core.nodes = <Node*>malloc(self.core.cap_nodes * sizeof(Node))
+        self.core.edges = <Edge*>malloc(self.core.cap_edges * sizeof(Edge))
+        self.core.cap_stack = 256 + MAX_PATH
+        self.core.stack = <Undo*>malloc(self.core.cap_stack * sizeof(Undo))
+        if self.core.nodes == NULL or self.core.edges == NULL or self.core.stack == NULL:
+            raise MemoryError()
+        _clear_pools(&self.core)
+
+    def __dealloc__(self):
+        free(self.core.nodes)
+        free(self.core.edges)
+        free(self.core.stack)
+        free(self.core.root_filter)
+
+    def __init__(self, Board board=None, *, NNCache cache=None, seed=None, max_bytes=0, **params):
+        self.cache = cache
+        self.configure(**{**DEFAULTS, **params})
+        self.seed(seed)
+        self.core.max_bytes = max_bytes
+        self._searchmoves = None
+        self.set_position(board if board is not None else Board())
+
+    def configure(self, **params):
+        """Set search parameters by name (see ``DEFAULTS``)."""
+        cdef Params* p = &self.core.params
+        for name, value in params.items():
+            if name not in DEFAULTS:
+                raise ValueError(f"unknown search parameter {name!r}")
+            if name == "two_fold_draws":
+                p.two_fold_draws = bool(value)
+                continue
+            value = float(value)
+            if name in ("cpuct_base", "cpuct_base_root", "policy_temperature") and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+            if name == "noise_epsilon" and not 0.0 <= value <= 1.0:
+                raise ValueError(f"noise_epsilon must be within [0, 1], got {value}")
+            if name == "noise_alpha" and value <= 0:
+                raise ValueError(f"noise_alpha must be > 0, got {value}")
+            setattr_params(p, name, value)
+
+    def seed(self, seed=None):
+        """Seed the tree's random numbers (Dirichlet noise, temperature); None picks one."""
+        if seed is None:
+            seed = int.from_bytes(__import__("os").urandom(8), "little")
+        self.core.rng = <uint64_t>(seed & 0xFFFFFFFFFFFFFFFF)
+
+    @property
+    def max_bytes(self):
+        return self.core.max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value):
+        self.core.max_bytes = value
+
+    # -- rooting -----------------------------------------------------------
+
+    def set_position(self, Board board):
+        """Root the tree at ``board`` (with its history). Returns True when the old
+        tree was reused because ``board`` extends the previous position."""
+        reused = self._try_reuse(board)
+        if not reused:
+            _clear_pools(&self.core)
+        self.game = board.copy()
+        self.core.root_pos = board.pos
+        self.core.start_ep = board.start_ep
+        self.core.root_ply = board.nstack
+        if board.nstack + MAX_PATH > self.core.cap_stack:
+            new = <Undo*>realloc(self.core.stack, (board.nstack + MAX_PATH) * sizeof(Undo))
+            if new == NULL:
+                raise MemoryError()
+            self.core.stack = new
+            self.core.cap_stack = board.nstack + MAX_PATH
+        memcpy(self.core.stack, board.stack, board.nstack * sizeof(Undo))
+        self._set_root_filter(self._searchmoves)
+        self.core.playouts = 0
+        self.core.cum_depth = 0
+        self.core.seldepth = 0
+        self.core.collisions = 0
+        if reused and self.core.params.noise_epsilon > 0:
+            _apply_root_noise(&self.core)
+        if reused and self.core.n_nodes > 2 * self.core.nodes[self.core.root].n + 65536:
+            self._compact()
+        return reused
+
+    cdef bint _try_reuse(self, Board board):
+        if self.game is None or board.nstack < self.game.nstack:
+            return False
+        cdef Board old = self.game
+        cdef int i
+        cdef uint64_t first_old = old.stack[0].key if old.nstack else old.pos.key
+        cdef uint64_t first_new = board.stack[0].key if board.nstack else board.pos.key
+        if first_old != first_new or old.pos.chess960 != board.pos.chess960:
+            return False
+        for i in range(old.nstack):
+            if old.stack[i].move != board.stack[i].move:
+                return False
+        cdef uint32_t node = self.core.root
+        cdef Node* nd
+        cdef int e
+        cdef uint32_t ci
+        for i in range(old.nstack, board.nstack):
+            nd = &self.core.nodes[node]
+            if not (nd.flags & NODE_EXPANDED):
+                return False
+            ci = nd.child
+            found = False
+            while ci:
+                if self.core.edges[nd.edges + self.core.nodes[ci].edge_idx].move == board.stack[i].move:
+                    found = True
+                    break
+                ci = self.core.nodes[ci].sibling
+            if not found:
+                return False
+            node = ci
+        self.core.root = node
+        # In-tree twofold draws are judged against the old root; let them be looked at again.
+        self._clear_twofold(node)
+        return True
+
+    cdef void _clear_twofold(self, uint32_t root):
+        """Drop terminal marks that depend on where the root is (revisits re-check them)."""
+        cdef uint32_t i
+        for i in range(1, self.core.n_nodes):
+            if self.core.nodes[i].flags & NODE_TWOFOLD:
+                self.core.nodes[i].flags &= ~(NODE_TWOFOLD | NODE_TERMINAL | NODE_PROVEN)
+        # Proofs above such nodes may no longer hold; clear all derived proofs (terminals stay).
+        for i in range(1, self.core.n_nodes):
+            if (self.core.nodes[i].flags & NODE_PROVEN) and not (self.core.nodes[i].flags & NODE_TERMINAL):
+                self.core.nodes[i].flags &= ~NODE_PROVEN
+
+    cdef void _compact(self):
+        """Copy the live subtree into fresh pools so memory from discarded branches is returned."""
+        cdef TreeCore* t = &self.core
+        cdef TreeCore fresh
+        memcpy(&fresh, t, sizeof(TreeCore))
+        fresh.cap_nodes = 1024
+        while fresh.cap_nodes < 2 * (t.nodes[t.root].n + 16):
+            fresh.cap_nodes *= 2
+        fresh.cap_edges = 8192
+        fresh.nodes = <Node*>malloc(fresh.cap_nodes * sizeof(Node))
+        fresh.edges = <Edge*>malloc(fresh.cap_edges * sizeof(Edge))
+        if fresh.nodes == NULL or fresh.edges == NULL:
+            free(fresh.nodes)
+            free(fresh.edges)
+            return
+        fresh.max_bytes = 0
+        _clear_pools(&fresh)
+        if _copy_subtree(t, t.root, &fresh, fresh.root) < 0:
+            free(fresh.nodes)
+            free(fresh.edges)
+            return
+        free(t.nodes)
+        free(t.edges)
+        t.nodes = fresh.nodes
+        t.edges = fresh.edges
+        t.n_nodes = fresh.n_nodes
+        t.cap_nodes = fresh.cap_nodes
+        t.n_edges = fresh.n_edges
+        t.cap_edges = fresh.cap_edges
+        t.root = fresh.root
+
+    def reset(self):
+        """Forget the whole tree (new game)."""
+        _clear_pools(&self.core)
+        self.game = None
+        self.set_position(Board())
+
+    def set_searchmoves(self, moves):
+        """Restrict the root to these UCI moves (None or empty: all moves)."""
+        self._searchmoves = list(moves) if moves else None
+        self._set_root_filter(self._searchmoves)
+
+    cdef _set_root_filter(self, moves):
+        free(self.core.root_filter)
+        self.core.root_filter = NULL
+        self.core.n_root_filter = 0
+        if not moves:
+            return
+        legal = []
+        for mv in moves:
+            try:
+                legal.append(self.game._parse_uci(mv))
+            except ValueError:
+                pass  # UCI: searchmoves naming no legal move restricts nothing it names
+        self.core.root_filter = <Move*>malloc((len(legal) or 1) * sizeof(Move))
+        if self.core.root_filter == NULL:
+            raise MemoryError()
+        for i, m in enumerate(legal):
+            self.core.root_filter[i] = m
+        self.core.n_root_filter = len(legal)
+
+    # -- gathering -----------------------------------------------------------
+
+    def gather(self, Batch batch, int max_leaves=0, int max_visits=0):
+        """Select leaves into ``batch`` until it holds ``max_leaves`` more network requests
+        (default: until full), resolving terminal positions and cache hits on the spot.
+        Stops early after ``max_visits`` visits (0: no limit) or too many collisions.
+        Returns the number of network requests added."""
+        if max_leaves <= 0 or batch.size + max_leaves > batch.capacity:
+            max_leaves = batch.capacity - batch.size
+        if self.cache is not None:
+            self.core.cache = self.cache.entries
+            self.core.cache_size = self.cache.capacity
+        else:
+            self.core.cache = NULL
+            self.core.cache_size = 0
+        cdef int added
+        with nogil:
+            added = _gather(&self.core, batch, max_leaves, max_visits)
+        if added:
+            batch._owners.append(self)
+        return added
+
+    # -- results -------------------------------------------------------------
+
+    @property
+    def nodes(self):
+        """Visits of the root (lc0's node count)."""
+        return self.core.nodes[self.core.root].n
+
+    @property
+    def playouts(self):
+        """Visits backed up since the last set_position."""
+        return self.core.playouts
+
+    @property
+    def average_depth(self):
+        return self.core.cum_depth / self.core.playouts if self.core.playouts else 0.0
+
+    @property
+    def seldepth(self):
+        return self.core.seldepth
+
+    @property
+    def collisions(self):
+        return self.core.collisions
+
+    @property
+    def allocated_nodes(self):
+        return self.core.n_nodes - 1
+
+    @property
+    def memory_bytes(self):
+        """Bytes held by nodes and edges in use (not counting spare capacity)."""
+        return (self.core.n_nodes - 1) * sizeof(Node) + self.core.n_edges * sizeof(Edge)
+
+    @property
+    def bytes_per_node(self):
+        """Node and edge bytes per visited (created) node."""
+        visited = self.core.n_nodes - 1
+        return self.memory_bytes / visited if visited else 0.0
+
+    @property
+    def out_of_memory(self):
+        return bool(self.core.max_bytes) and self.memory_bytes >= self.core.max_bytes * 0.98
+
+    @property
+    def root_proven(self):
+        """The root's proven result for the side to move (+1 win, 0 draw, -1 loss), or None."""
+        cdef Node* r = &self.core.nodes[self.core.root]
+        if r.flags & NODE_PROVEN:
+            return -r.bound
+        return None
+
+    @property
+    def root_q(self):
+        """Root value (W - L) for the side to move, and the draw probability."""
+        cdef Node* r = &self.core.nodes[self.core.root]
+        return (-r.wl, r.d)
+
+    def root_children(self):
+        """Per root move: dict(move, n, in_flight, q, d, m, prior, proven), best first.
+
+        ``q`` and ``proven`` are seen by the side to move at the root; ``proven``
+        is +1/0/-1 for an exact result, None otherwise; ``m`` is plies left (exact
+        plies to the end once proven). Order: proven wins (shortest first), then
+        visits, then q; proven losses last.
+        """
+        return self._children(self.core.root, self.core.root_pos)
+
+    cdef list _children(self, uint32_t ni, Pos pos):
+        cdef Node* node = &self.core.nodes[ni]
+        cdef list out = []
+        cdef int i
+        cdef uint32_t ci = node.child
+        cdef Node* c
+        cdef char buf[8]
+        cdef int ln
+        if not (node.flags & NODE_EXPANDED):
+            return out
+        for i in range(node.num_edges):
+            e = self.core.edges[node.edges + i]
+            ln = move_to_uci(&pos, e.move, buf)
+            info = dict(move=buf[:ln].decode("ascii"), n=0, in_flight=0, q=None, d=None, m=None,
+                        prior=e.prior / 65535.0, proven=None, edge=i)
+            if ci and self.core.nodes[ci].edge_idx == i:
+                c = &self.core.nodes[ci]
+                ci = c.sibling
+                info["n"] = c.n
+                info["in_flight"] = c.n_in_flight
+                if c.n:
+                    info["q"] = c.wl
+                    info["d"] = c.d
+                    info["m"] = _m_value(c)
+                if c.flags & NODE_PROVEN:
+                    info["proven"] = int(c.bound)
+                    info["q"] = float(c.bound)
+                    info["d"] = 1.0 if c.bound == 0 else 0.0
+                    info["m"] = float(c.m >> 4)
+            out.append(info)
+        out.sort(key=_child_rank)
+        return out
+
+    def best_move(self):
+        """The move to play (UCI), or None when the root has no legal move or was never expanded."""
+        children = self.root_children()
+        if not children:
+            return None
+        return children[0]["move"]
+
+    def pv(self, first=None, int max_length=64):
+        """Principal variation from the root (optionally starting with ``first``), as UCI strings."""
+        cdef Pos pos = self.core.root_pos
+        cdef uint32_t ni = self.core.root
+        cdef Undo u
+        cdef list line = []
+        while len(line) < max_length:
+            children = self._children(ni, pos)
+            if not children:
+                break
+            pick = None
+            if first is not None and not line:
+                for c in children:
+                    if c["move"] == first:
+                        pick = c
+                        break
+            elif children[0]["n"] > 0 or children[0]["proven"] is not None:
+                pick = children[0]
+            if pick is None:
+                break
+            line.append(pick["move"])
+            child = _child_of(&self.core, ni, pick["edge"])
+            if child == 0:
+                break
+            make_move(&pos, self.core.edges[self.core.nodes[ni].edges + <int>pick["edge"]].move, &u)
+            ni = child
+        return line
+
+    def choose_move(self, double temperature):
+        """Pick a root move with probability proportional to N^(1/temperature) (self-play)."""
+        children = [c for c in self.root_children() if c["n"] > 0]
+        if not children:
+            return self.best_move()
+        if temperature <= 0:
+            return children[0]["move"]
+        weights = [c["n"] ** (1.0 / temperature) for c in children]
+        total = sum(weights)
+        r = _uniform(&self.core) * total
+        for c, w in zip(children, weights):
+            r -= w
+            if r <= 0:
+                return c["move"]
+        return children[-1]["move"]
+
+    def visit_distribution(self):
+        """{uci: visits} over the root moves (the self-play policy target)."""
+        return {c["move"]: c["n"] for c in self.root_children()}
+
+
+def _child_rank(c):
+    proven = c["proven"]
+    if proven == 1:
+        return (0, c["m"], 0, 0)
+    if proven == -1:
+        return (3, -c["m"], 0, 0)
+    q = c["q"] if c["q"] is not None else -2.0
+    return (1, 0, -c["n"], -q)
+
+
+cdef uint32_t _child_of(TreeCore* t, uint32_t ni, int edge) noexcept nogil:
+    cdef uint32_t ci = t.nodes[ni].child
+    while ci:
+        if t.nodes[ci].edge_idx == edge:
+            return ci
+        ci = t.nodes[ci].sibling
+    return 0
+
+
+cdef inline bint _in_filter(const TreeCore* t, Move m) noexcept nogil:
+    cdef int j
+    for j in range(t.n_root_filter):
+        if t.root_filter[j] == m:
+            return True
+    return False
+
+
+cdef void setattr_params(Params* p, str name, float value):
+    if name == "cpuct": p.cpuct = value
+    elif name == "cpuct_base": p.cpuct_base = value
+    elif name == "cpuct_factor": p.cpuct_factor = value
+    elif name == "cpuct_root": p.cpuct_root = value
+    elif name == "cpuct_base_root": p.cpuct_base_root = value
+    elif name == "cpuct_factor_root": p.cpuct_factor_root = value
+    elif name == "fpu_value": p.fpu_value = value
+    elif name == "fpu_value_root": p.fpu_value_root = value
+    elif name == "policy_temperature": p.policy_temperature = value
+    elif name == "noise_epsilon": p.noise_epsilon = value
+    elif name == "noise_alpha": p.noise_alpha = value
+
+
+cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noexcept nogil:
+    """Copy the subtree under ``s`` into ``dst`` at node ``d`` (iteratively, children in order)."""
+    cdef uint32_t* stack_s
+    cdef uint32_t* stack_d
+    cdef uint32_t top = 0, cap = 1024, sn, dn, sc, prev, nc
+    cdef Node* node
+    stack_s = <uint32_t*>malloc(cap * sizeof(uint32_t))
+    stack_d = <uint32_t*>malloc(cap * sizeof(uint32_t))
+    if stack_s == NULL or stack_d == NULL:
+        free(stack_s)
+        free(stack_d)
+        return -1
+    stack_s[0] = s
+    stack_d[0] = d
+    top = 1
+    while top:
+        top -= 1
+        sn = stack_s[top]
+        dn = stack_d[top]
+        node = &src.nodes[sn]
+        dst.nodes[dn] = node[0]
+        dst.nodes[dn].child = 0
+        dst.nodes[dn].sibling = 0
+        if node.flags & NODE_EXPANDED:
+            if _reserve(dst, 0, node.num_edges) < 0:
+                free(stack_s)
+                free(stack_d)
+                return -1
+            memcpy(&dst.edges[dst.n_edges], &src.edges[node.edges], node.num_edges * sizeof(Edge))
+            dst.nodes[dn].edges = dst.n_edges
+            dst.n_edges += node.num_edges
+        sc = node.child
+        prev = 0
+        while sc:
+            if _reserve(dst, 1, 0) < 0:
+                free(stack_s)
+                free(stack_d)
+                return -1
+            nc = _new_node(dst, src.nodes[sc].edge_idx)
+            if prev:
+                dst.nodes[prev].sibling = nc
+            else:
+                dst.nodes[dn].child = nc
+            prev = nc
+            if top + 1 >= cap:
+                cap *= 2
+                stack_s = <uint32_t*>realloc(stack_s, cap * sizeof(uint32_t))
+                stack_d = <uint32_t*>realloc(stack_d, cap * sizeof(uint32_t))
+                if stack_s == NULL or stack_d == NULL:
+                    return -1
+            stack_s[top] = sc
+            stack_d[top] = nc
+            top += 1
+            sc = src.nodes[sc].sibling
+    free(stack_s)
+    free(stack_d)
+    return 0
+
+
+cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexcept nogil:
+    cdef int added = 0, visits = 0, collisions = 0, depth, n, edge, i
+    cdef uint32_t path[MAX_PATH + 1]
+    cdef uint32_t ni, child
+    cdef Pos pos
+    cdef Node* node
+    cdef Move moves[MAX_MOVES]
+    cdef float priors[MAX_MOVES]
+    cdef CacheEntry* ce
+    cdef uint64_t key
+    cdef int max_collisions = max_leaves if max_leaves > 16 else 16
+    cdef Leaf* lf
+    cdef float wl
+    if t.nodes[t.root].flags & NODE_PROVEN:
+        return 0
+    while added < max_leaves and (max_visits <= 0 or visits < max_visits):
+        pos = t.root_pos
+        ni = t.root
+        depth = 0
+        path[0] = ni
+        while True:
+            node = &t.nodes[ni]
+            node.n_in_flight += 1
+            if node.flags & NODE_TWOFOLD and not _is_repetition_draw(t, &pos, t.root_ply + depth):
+                node.flags &= ~(NODE_TWOFOLD | NODE_TERMINAL | NODE_PROVEN)
+            if node.flags & NODE_PROVEN and (node.flags & NODE_TERMINAL or depth > 0):
+                # Exact result: back it up without asking the network.
+                _backup(t, path, depth, node.bound, 1.0 if node.bound == 0 else 0.0, node.m >> 4)
+                visits += 1
+                break
+            if node.flags & NODE_EXPANDED and node.num_edges:
+                edge = _select(t, ni, depth == 0)
+                if edge < 0 or depth >= MAX_PATH:
+                    _cancel(t, path, depth)
+                    collisions = max_collisions
+                    break
+                child = _child(t, ni, edge)
+                if child == 0:       # out of memory: stop gathering
+                    _cancel(t, path, depth)
+                    collisions = max_collisions
+                    break
+                make_move(&pos, t.edges[t.nodes[ni].edges + edge].move, &t.stack[t.root_ply + depth])
+                depth += 1
+                path[depth] = child
+                ni = child
+                continue
+            if node.flags & NODE_PENDING:
+                _cancel(t, path, depth)
+                collisions += 1
+                t.collisions += 1
+                break
+            # A new leaf: game over here?
+            n = gen_legal(&pos, moves)
+            if n == 0 or insufficient_material(&pos) or pos.halfmove >= 100 \
+                    or _is_repetition_draw(t, &pos, t.root_ply + depth):
+                node.flags |= NODE_TERMINAL | NODE_PROVEN
+                if n == 0 and in_check(&pos):
+                    node.bound = 1       # the player who moved in gave mate
+                else:
+                    node.bound = 0
+                    if n and pos.halfmove < 100 and not insufficient_material(&pos) \
+                            and _twofold_only(t, &pos, t.root_ply + depth):
+                        node.flags |= NODE_TWOFOLD
+                node.m = 0
+                if depth == 0:
+                    _cancel(t, path, depth)
+                    return added
+                _backup(t, path, depth, node.bound, 1.0 if node.bound == 0 else 0.0, 0.0)
+                if not (node.flags & NODE_TWOFOLD):
+                    _prove_up(t, path, depth)
+                visits += 1
+                break
+            key = _cache_key(&pos)
+            if t.cache != NULL and t.cache_size:
+                ce = &t.cache[key % t.cache_size]
+                if ce.priors != NULL and ce.key == key and ce.nmoves == n:
+                    for i in range(n):
+                        priors[i] = ce.priors[i] * (1.0 / 65535.0)
+                    if _expand(t, ni, &pos, moves, n, priors) < 0:
+                        _cancel(t, path, depth)
+                        collisions = max_collisions
+                        break
+                    if ni == t.root:
+                        _apply_root_noise(t)
+                    _backup(t, path, depth, -ce.wl, ce.d, ce.m)
+                    visits += 1
+                    break
+            # Queue for the network.
+            if batch._reserve_path(depth) < 0:
+                _cancel(t, path, depth)
+                collisions = max_collisions
+                break
+            lf = &batch.leaves[batch.size]
+            lf.tree = t
+            lf.node = ni
+            lf.depth = depth
+            lf.turn = pos.turn
+            lf.cache_key = key
+            lf.path = batch.n_paths
+            memcpy(&batch.paths[batch.n_paths], path, (depth + 1) * sizeof(uint32_t))
+            batch.n_paths += depth + 1
+            encode_planes(&pos, t.stack, t.root_ply + depth, t.start_ep,
+                          batch.planes_ptr + batch.size * PLANE_FLOATS)
+            batch.size += 1
+            node.flags |= NODE_PENDING
+            added += 1
+            visits += 1
+            break
+        if collisions >= max_collisions:
+            break
+        if t.nodes[t.root].flags & NODE_PROVEN:
+            break
+    return added

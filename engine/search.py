@@ -1,0 +1,385 @@
+"""The search loop: gather -> evaluate -> backup on a search thread.
+
+A :class:`GoParams` goes in (lc0's plain struct of optional ``go`` fields);
+thinking info (:class:`Info`) and the best move come out through callbacks.
+Nothing here touches stdout: only ``uci/`` turns results into protocol text.
+
+``stop`` is answered from the tree at once, never after the batch in flight:
+the search thread holds ``_tree_lock`` only while it gathers or backs up (the
+network call runs outside it), so :meth:`Searcher.stop` can read the best
+move while the network is busy and the thread's later results are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+import numpy as np
+
+from engine.board import Board
+from engine.timeman import Budget, TimeManager
+from engine.tree import DEFAULTS as TREE_DEFAULTS
+from engine.tree import Batch, NNCache, Tree
+
+
+@dataclass
+class GoParams:
+    """The limits of one ``go`` command; ``None`` means not given."""
+
+    wtime: Optional[int] = None        # ms on white's clock
+    btime: Optional[int] = None        # ms on black's clock
+    winc: Optional[int] = None         # ms increment per move
+    binc: Optional[int] = None
+    movestogo: Optional[int] = None    # moves to the next time control
+    movetime: Optional[int] = None     # ms for this move exactly
+    nodes: Optional[int] = None        # root visits to reach
+    depth: Optional[int] = None        # average depth, as lc0 defines it
+    mate: Optional[int] = None         # stop once a mate in this many moves is proven
+    infinite: bool = False             # search until stop
+    ponder: bool = False               # pondering: search until ponderhit or stop
+    searchmoves: list[str] = field(default_factory=list)  # restrict the root to these UCI moves
+
+
+@dataclass
+class Line:
+    """One root move's line for an info report (MultiPV rank ``multipv``)."""
+
+    multipv: int
+    move: str
+    pv: list[str]
+    visits: int
+    q: float                 # W - L for the side to move at the root
+    d: float                 # draw probability
+    mate: Optional[int]      # moves to mate (negative: we get mated), when proven
+    wdl: tuple[int, int, int]  # permille, for the side to move
+
+    @property
+    def cp(self) -> int:
+        """Centipawns from Q, as lc0 maps them."""
+        return q_to_cp(self.q)
+
+
+@dataclass
+class Info:
+    """A snapshot of the search for a UCI ``info`` report."""
+
+    depth: int
+    seldepth: int
+    nodes: int
+    nps: int
+    time_ms: int
+    lines: list[Line]
+
+
+@dataclass
+class SearchResult:
+    best: Optional[str]      # None when the root has no legal move
+    ponder: Optional[str]
+    info: Optional[Info]
+
+
+def q_to_cp(q: float) -> int:
+    """lc0's centipawn mapping of Q (W - L) in [-1, 1]."""
+    q = max(-0.9999, min(0.9999, q))
+    return int(round(90.0 * math.tan(1.5637541897 * q)))
+
+
+def wdl_permille(q: float, d: float) -> tuple[int, int, int]:
+    """Win/draw/loss in permille (summing to 1000) from Q = W - L and D."""
+    d = max(0.0, min(1.0, d))
+    w = max(0.0, min(1.0, (1.0 - d + q) / 2.0))
+    win = int(round(w * 1000))
+    draw = int(round(d * 1000))
+    draw = min(draw, 1000 - win)
+    return win, draw, 1000 - win - draw
+
+
+@dataclass
+class SearchOptions:
+    """Engine options that shape the search (the UCI layer keeps these in sync)."""
+
+    minibatch_size: int = 256
+    multipv: int = 1
+    smart_pruning_factor: float = 1.33
+    cache_size: int = 200_000
+    max_tree_bytes: int = 0                     # 0: no limit
+    tree_params: dict = field(default_factory=dict)  # names from engine.tree.DEFAULTS
+    info_interval_s: float = 1.0
+
+
+class Searcher:
+    """Runs one search at a time on its own thread and reports through callbacks.
+
+    ``network`` is a zero-argument callable returning an object with
+    ``evaluate(planes) -> (policy, wdl, mlh)``; it is called on the search
+    thread, so a lazy network load is charged to the first move's time.
+    """
+
+    def __init__(self, network: Callable[[], object], options: Optional[SearchOptions] = None,
+                 timeman: Optional[TimeManager] = None) -> None:
+        self._network = network
+        self.options = options or SearchOptions()
+        self.timeman = timeman or TimeManager()
+        self.cache = NNCache(self.options.cache_size)
+        self.tree = Tree(cache=self.cache, max_bytes=self.options.max_tree_bytes,
+                         **{**TREE_DEFAULTS, **self.options.tree_params})
+        self._tree_lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._ponderhit = threading.Event()
+        self._done_lock = threading.Lock()
+        self._done = True
+        self._on_info: Callable[[Info], None] = lambda info: None
+        self._on_best: Callable[[SearchResult], None] = lambda result: None
+        self._start = 0.0
+        self._budget: Optional[Budget] = None
+        self._go = GoParams()
+        self._board = Board()
+        self._watchdog: Optional[threading.Timer] = None
+        self.log: Callable[[str], None] = lambda text: None   # diagnostics (UCI: info string)
+
+    # -- configuration -------------------------------------------------------
+
+    def apply_options(self) -> None:
+        """Re-read ``options`` (between searches)."""
+        self.wait()
+        with self._tree_lock:
+            self.tree.configure(**{**TREE_DEFAULTS, **self.options.tree_params})
+            self.tree.max_bytes = self.options.max_tree_bytes
+            if self.cache.capacity != self.options.cache_size:
+                self.cache = NNCache(self.options.cache_size)
+                self.tree = Tree(cache=self.cache, max_bytes=self.options.max_tree_bytes,
+                                 **{**TREE_DEFAULTS, **self.options.tree_params})
+            else:
+                self.cache.clear()  # the policy temperature may have changed
+
+    def new_game(self) -> None:
+        """``ucinewgame``: forget the tree, the cache and the time savings."""
+        self.wait()
+        with self._tree_lock:
+            self.tree.reset()
+            self.cache.clear()
+        self.timeman.reset()
+
+    def network_changed(self) -> None:
+        """A new network was swapped in: old evaluations no longer apply."""
+        self.wait()
+        with self._tree_lock:
+            self.tree.reset()
+            self.cache.clear()
+
+    # -- searching -----------------------------------------------------------
+
+    @property
+    def searching(self) -> bool:
+        return not self._done
+
+    def start(self, board: Board, go: GoParams, on_info: Callable[[Info], None],
+              on_bestmove: Callable[[SearchResult], None], start_time: Optional[float] = None) -> None:
+        """Begin searching ``board`` under ``go``; returns at once.
+
+        ``start_time`` (time.monotonic) is when the ``go`` arrived: the budget
+        counts from then. Exactly one ``on_bestmove`` call follows, unless the
+        search is stopped through :meth:`stop` (which then makes it) or
+        :meth:`abort`.
+        """
+        self.wait()
+        self._start = time.monotonic() if start_time is None else start_time
+        self._go = go
+        self._board = board
+        self._on_info = on_info
+        self._on_best = on_bestmove
+        self._stop.clear()
+        self._ponderhit.clear()
+        self._budget = self.timeman.budget(go, board.turn, board.ply())
+        with self._done_lock:
+            self._done = False
+        self._arm_watchdog()
+        self._thread = threading.Thread(target=self._run, name="cyzero-search", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop now and report the best move from the tree as it stands (at most once per go)."""
+        self._stop.set()
+        self._finish()
+
+    def abort(self) -> None:
+        """Stop without reporting a best move (quit)."""
+        with self._done_lock:
+            self._done = True
+        self._stop.set()
+
+    def ponderhit(self) -> None:
+        """The ponder move was played: go on as a timed search from now."""
+        if self._done or not self._go.ponder:
+            return
+        self._start = time.monotonic()
+        self._budget = self.timeman.ponderhit_budget(self._go, self._board.turn, self._board.ply())
+        self._go = replace(self._go, ponder=False)
+        self._arm_watchdog()
+        self._ponderhit.set()
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the search thread has ended."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    # -- the thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._search()
+        except Exception as exc:  # never leave a go without a bestmove
+            self.log(f"error: search failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._finish()
+
+    def _arm_watchdog(self) -> None:
+        """Stop at the hard deadline even while a network batch is in flight."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        budget = self._budget
+        if budget is None or budget.infinite:
+            return
+        delay = max(0.0, self._start + budget.hard_ms / 1000.0 - time.monotonic())
+        self._watchdog = threading.Timer(delay, self.stop)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _search(self) -> None:
+        network = self._network()
+        with self._tree_lock:
+            self.tree.set_position(self._board)
+            self.tree.set_searchmoves(self._go.searchmoves)
+        root_moves = len(self._board.legal_moves())
+        if not root_moves:
+            return
+        batch = Batch(max(1, self.options.minibatch_size))
+        last_info = time.monotonic()
+        last_best = None
+        while not self._stop.is_set():
+            with self._tree_lock:
+                if self._stop.is_set():
+                    return
+                self.tree.gather(batch)
+            if len(batch):
+                policy, wdl, mlh = network.evaluate(batch.planes[:len(batch)])
+            with self._tree_lock:
+                if self._stop.is_set():
+                    batch.clear()
+                    return
+                if len(batch):
+                    batch.backup(policy, wdl, mlh)
+                best = self.tree.best_move()
+                now = time.monotonic()
+                if best != last_best or now - last_info >= self.options.info_interval_s:
+                    last_best = best
+                    last_info = now
+                    self._on_info(self.info())
+                done = self._should_stop(now, root_moves)
+            if done:
+                if not self._budget.until_stop:
+                    return
+                # go infinite / go ponder: only stop (or ponderhit) ends the search.
+                while not self._stop.is_set() and not self._ponderhit.is_set():
+                    self._stop.wait(0.005)
+                if self._stop.is_set():
+                    return
+            if self._ponderhit.is_set():
+                self._ponderhit.clear()
+
+    def _should_stop(self, now: float, root_moves: int) -> bool:
+        budget = self._budget
+        tree = self.tree
+        if tree.root_proven is not None or tree.out_of_memory:
+            return True
+        if budget.nodes is not None and tree.nodes >= budget.nodes:
+            return True
+        if budget.depth is not None and tree.average_depth >= budget.depth:
+            return True
+        if budget.mate is not None:
+            best = tree.root_children()
+            if best and best[0]["proven"] == 1 and (best[0]["m"] + 2) // 2 <= budget.mate:
+                return True
+        if budget.infinite:
+            return False
+        elapsed_ms = (now - self._start) * 1000.0
+        if elapsed_ms >= budget.hard_ms or elapsed_ms >= budget.soft_ms:
+            return True
+        if root_moves == 1 or (self._go.searchmoves and len(self._go.searchmoves) == 1):
+            return True
+        return self._pruned(elapsed_ms, budget.soft_ms)
+
+    def _pruned(self, elapsed_ms: float, soft_ms: float) -> bool:
+        """Smart pruning: no other move can catch the best one in the time that is left."""
+        factor = self.options.smart_pruning_factor
+        if factor <= 0 or elapsed_ms < 100 or self.tree.playouts < 100:
+            return False
+        nps = self.tree.playouts / (elapsed_ms / 1000.0)
+        remaining = nps * max(0.0, soft_ms - elapsed_ms) / 1000.0 / factor
+        children = self.tree.root_children()
+        if len(children) < 2:
+            return True
+        return children[0]["n"] - children[1]["n"] > remaining
+
+    def _finish(self) -> None:
+        """Report the best move once per go (from stop() or the thread, whichever is first)."""
+        with self._done_lock:
+            if self._done:
+                return
+            self._done = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        with self._tree_lock:
+            result = self._result()
+        used = int((time.monotonic() - self._start) * 1000)
+        if self._budget is not None and not self._budget.until_stop:
+            self.timeman.record(used, self._budget)
+        if result.info is not None:
+            self._on_info(result.info)
+        self._on_best(result)
+
+    # -- reports -------------------------------------------------------------
+
+    def _result(self) -> SearchResult:
+        legal = self._board.legal_moves()
+        if not legal:
+            return SearchResult(None, None, None)
+        info = self.info() if self.tree.playouts or self.tree.nodes else None
+        best = self.tree.best_move() if self.tree.nodes else None
+        allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
+        if best is None or best not in legal:
+            best = allowed[0]
+            return SearchResult(best, None, info)
+        pv = self.tree.pv(best)
+        ponder = pv[1] if len(pv) > 1 else None
+        return SearchResult(best, ponder, info)
+
+    def info(self) -> Info:
+        """The search as it stands (call with the tree lock held or while no search runs)."""
+        tree = self.tree
+        elapsed = max(1e-6, time.monotonic() - self._start)
+        lines = []
+        children = tree.root_children() if tree.nodes else []
+        if self._go.searchmoves:
+            children = [c for c in children if c["move"] in self._go.searchmoves] or children
+        for rank, child in enumerate(children[: max(1, self.options.multipv)], start=1):
+            if child["n"] == 0 and child["proven"] is None and rank > 1:
+                break
+            q = child["q"] if child["q"] is not None else -tree.root_q[0]
+            d = child["d"] if child["d"] is not None else tree.root_q[1]
+            mate = None
+            if child["proven"] in (1, -1):
+                mate = int(child["proven"] * ((child["m"] + 2) // 2))
+            lines.append(Line(rank, child["move"], tree.pv(child["move"]), child["n"], q, d, mate,
+                              wdl_permille(q, d)))
+        return Info(depth=max(1, int(round(tree.average_depth))), seldepth=max(1, tree.seldepth),
+                    nodes=tree.nodes, nps=int(tree.playouts / elapsed), time_ms=int(elapsed * 1000),
+                    lines=lines)
