@@ -13,6 +13,15 @@ Registered so far:
     of positions.  Before a speed is reported, both engines' node counts are
     checked against each other at a common depth and against the published
     counts, so the bench never reports a speed for a wrong move generator.
+
+``nn``
+    the network through ``engine.network`` (ONNX Runtime), like lc0's
+    ``backendbench``: positions/s at batch sizes 1 to 256 for the bundled
+    network and each bundled export variant (fp32 ``default.onnx``,
+    ``default.fp16.onnx``, ``default.int8.onnx``), measured batch by batch
+    with the variants alternating in short rounds, and the speed-up of int8
+    (and fp16) over fp32 in the same run: at each batch size and at each
+    variant's best batch size.  ``--net PATH`` times other files instead.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -374,3 +384,294 @@ def bench_perft(args: argparse.Namespace) -> int:
             f"{summary['wall_seconds']:.1f} s"
         )
     return 0
+
+
+# --------------------------------------------------------------------------- nn
+
+NN_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The bundled network and its export variants, in the order they are reported.
+NN_VARIANTS = (
+    ("fp32", "default.onnx"),
+    ("fp16", "default.fp16.onnx"),
+    ("int8", "default.int8.onnx"),
+)
+
+
+def _batch_list(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(word) for word in text.replace(" ", "").split(",") if word}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers separated by commas: {text!r}"
+        ) from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be 1 or more: {text!r}")
+    return sizes
+
+
+def _add_nn_arguments(parser: argparse.ArgumentParser) -> None:
+    _json_and_seconds(parser, 0.5, "measurement (per batch size and variant)")
+    parser.add_argument(
+        "--batches",
+        type=_batch_list,
+        default=NN_BATCHES,
+        metavar="B,B,...",
+        help="batch sizes to time (default " + ",".join(map(str, NN_BATCHES)) + ")",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="T",
+        help="ONNX Runtime intra-op threads (default: its own, one per physical core)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "cpu", "cuda", "tensorrt"),
+        default="auto",
+        help="execution provider (default auto: TensorRT, then CUDA, then CPU)",
+    )
+    parser.add_argument(
+        "--net",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="time this .onnx file instead of the bundled variants (repeatable)",
+    )
+
+
+def _nn_inputs(n: int) -> tuple[np.ndarray, str]:
+    """``n`` encoded positions from seeded random games, or random planes without the encoder."""
+    import numpy as np
+
+    try:
+        from engine import encoding
+        from engine.board import Board
+    except ImportError:
+        rng = np.random.default_rng(0)
+        planes = (rng.random((n, 112, 8, 8)) < 0.05).astype(np.float32)
+        planes[:, 111] = 1.0
+        return planes, "random planes (engine.encoding is not built)"
+    import random
+
+    rng = random.Random(0)
+    boards = []
+    board = Board()
+    while len(boards) < n:
+        moves = board.legal_moves()
+        if not moves or board.ply() >= 120:
+            board = Board()
+            continue
+        board.push_uci(rng.choice(moves))
+        boards.append(board.copy())
+    return encoding.encode_boards(boards), "encoded positions (seeded random games)"
+
+
+NN_ROUNDS = 4  # each batch size's time is split into rounds that alternate the variants
+
+
+def _time_slice(net, planes, outputs, seconds: float) -> tuple[int, float]:
+    """Runs of ``net`` on ``planes`` until ``seconds`` have passed: (runs, seconds taken)."""
+    policy, wdl, mlh = outputs
+    runs = 0
+    start = time.perf_counter()
+    while True:
+        net.evaluate_into(planes, policy, wdl, mlh)
+        runs += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return runs, elapsed
+
+
+def _time_batch(networks, planes, outputs, seconds: float) -> dict[str, dict]:
+    """Every network at one batch size: a warm-up run each, then alternating timed rounds.
+
+    Alternating in short rounds, rather than timing one network after the
+    other, spreads any change in machine load over all of them alike.
+    """
+    for _, net in networks:
+        net.evaluate_into(planes, *outputs)
+    totals = {label: [0, 0.0] for label, _ in networks}
+    for _ in range(NN_ROUNDS):
+        for label, net in networks:
+            runs, elapsed = _time_slice(net, planes, outputs, seconds / NN_ROUNDS)
+            totals[label][0] += runs
+            totals[label][1] += elapsed
+    n = planes.shape[0]
+    return {
+        label: {"runs": runs, "seconds": round(secs, 6), "pps": n * runs / secs}
+        for label, (runs, secs) in totals.items()
+    }
+
+
+def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
+    """[(label, path)] to time: the bundled variants that exist, or the --net files (label None)."""
+    if args.net:
+        return [(None, path) for path in args.net]
+    nets_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nets")
+    found = [(label, os.path.join(nets_dir, name)) for label, name in NN_VARIANTS]
+    found = [(label, path) for label, path in found if os.path.exists(path)]
+    if not found:
+        raise BenchError(
+            f"no bundled network in {nets_dir} (expected default.onnx); use --net PATH"
+        )
+    return found
+
+
+@register(
+    "nn",
+    "network speed: positions/s per batch size for the bundled network and its fp16/int8 variants",
+    _add_nn_arguments,
+)
+def bench_nn(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from engine.network import POLICY_SIZE, Network, NetworkError
+
+    if args.threads is not None and args.threads < 0:
+        raise BenchError(f"--threads must be 0 or more, got {args.threads}")
+    started = time.perf_counter()
+    batches = args.batches
+    max_batch = max(batches)
+    said: set[str] = set()
+
+    def log(line: str) -> None:  # the GPU fallback line, once, on stderr (stdout may be JSON)
+        if line not in said:
+            said.add(line)
+            print(line, file=sys.stderr, flush=True)
+
+    networks = []
+    for label, path in _nn_networks(args):
+        digest_file = path + ".sha256"
+        expected = None
+        if os.path.exists(digest_file):
+            with open(digest_file, encoding="utf-8") as f:
+                expected = f.read()
+        try:
+            net = Network(
+                path,
+                backend=args.backend,
+                intra_threads=args.threads,
+                max_batch=max_batch,
+                log=log,
+                expected_sha256=expected,
+                warmup_batch=1,
+            )
+        except NetworkError as e:
+            raise BenchError(str(e)) from None
+        if label is None:  # a --net file: its variant (fp32, fp16, int8), else its file name
+            taken = {used for used, _ in networks}
+            label = net.variant if net.variant not in taken else os.path.basename(path)
+            while label in taken:
+                label += "'"
+        networks.append((label, net))
+
+    planes_all, inputs = _nn_inputs(max_batch)
+    outputs = (
+        np.empty((max_batch, POLICY_SIZE), np.float32),
+        np.empty((max_batch, 3), np.float32),
+        np.empty(max_batch, np.float32),
+    )
+    labels = [label for label, _ in networks]
+    first = networks[0][1]
+    has_ratio = "fp32" in labels and "int8" in labels
+    if not args.json:
+        threads = args.threads if args.threads else "default"
+        print(f"provider: {first.provider}, intra-op threads: {threads}, inputs: {inputs}")
+        for label, net in networks:
+            print(f"  {label:<6} {net.description}")
+        print()
+        header = f"{'batch':>6}" + "".join(f"{label + ' pos/s':>16}" for label in labels)
+        if has_ratio:
+            header += f"{'int8/fp32':>11}"
+        print(header, flush=True)
+
+    results: dict[str, dict] = {label: {} for label in labels}
+    # Batch by batch, the variants alternating: drifts in machine load hit all of them alike.
+    for batch in batches:
+        planes = np.ascontiguousarray(planes_all[:batch])
+        for label, measured in _time_batch(networks, planes, outputs, args.seconds).items():
+            results[label][batch] = measured
+        if not args.json:
+            row = f"{batch:>6}" + "".join(
+                f"{_fmt_int(results[l][batch]['pps']):>16}" for l in labels
+            )
+            if has_ratio:
+                row += f"{results['int8'][batch]['pps'] / results['fp32'][batch]['pps']:>10.2f}x"
+            print(row, flush=True)
+
+    variants = {}
+    for label, net in networks:
+        per_batch = results[label]
+        best = max(per_batch, key=lambda b: per_batch[b]["pps"])
+        variants[label] = {
+            "file": os.path.basename(net.path),
+            "sha256": net.sha256,
+            "variant": net.variant,
+            "provider": net.provider,
+            "description": net.description,
+            "positions_per_second": {str(b): round(m["pps"], 1) for b, m in per_batch.items()},
+            "runs": {str(b): m["runs"] for b, m in per_batch.items()},
+            "best_batch": best,
+            "best_positions_per_second": round(per_batch[best]["pps"], 1),
+        }
+
+    def speedup(a: str, b: str):
+        if a not in variants or b not in variants:
+            return None, None
+        by_batch = {str(n): round(results[a][n]["pps"] / results[b][n]["pps"], 3) for n in batches}
+        best = variants[a]["best_positions_per_second"] / variants[b]["best_positions_per_second"]
+        return round(best, 3), by_batch
+
+    int8_speedup, int8_by_batch = speedup("int8", "fp32")
+    fp16_speedup, fp16_by_batch = speedup("fp16", "fp32")
+    import onnxruntime
+
+    summary = {
+        "benchmark": "nn",
+        "provider": first.provider,
+        "backend": args.backend,
+        "intra_threads": args.threads,
+        "inputs": inputs,
+        "batches": list(batches),
+        "seconds_target": args.seconds,
+        "variants": variants,
+        "int8_speedup": int8_speedup,
+        "int8_speedup_by_batch": int8_by_batch,
+        "fp16_speedup": fp16_speedup,
+        "fp16_speedup_by_batch": fp16_by_batch,
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "environment": {
+            **_environment(),
+            "onnxruntime_version": onnxruntime.__version__,
+            "cpu_count": os.cpu_count(),
+        },
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print()
+    for label in labels:
+        v = variants[label]
+        print(
+            f"best {label}: {_fmt_int(v['best_positions_per_second'])} pos/s at batch {v['best_batch']}"
+        )
+    for name, value, by_batch in (
+        ("int8", int8_speedup, int8_by_batch),
+        ("fp16", fp16_speedup, fp16_by_batch),
+    ):
+        if value is not None:
+            slower = "" if value >= 1 else f" ({name} is slower here)"
+            print(
+                f"{name} over fp32 on {_LABEL_OF.get(first.provider, first.provider)}: "
+                f"{value:.2f}x at the best batch sizes{slower}"
+            )
+    print(f"{summary['wall_seconds']:.1f} s")
+    return 0
+
+
+_LABEL_OF = {
+    "CPUExecutionProvider": "CPU",
+    "CUDAExecutionProvider": "CUDA",
+    "TensorrtExecutionProvider": "TensorRT",
+}

@@ -1,0 +1,129 @@
+"""Atomic file writes and sha256 side files.
+
+Every file that another process reads (ONNX nets, checkpoints, manifests) is written
+so that a reader sees either the old complete file or the new complete file, never a
+half-written one, even if the writer is killed or the machine loses power:
+
+1. write to a temporary name in the *same* directory (so the rename stays on one
+   file system), flush and ``fsync`` it;
+2. ``os.replace`` it over the final name (atomic on POSIX and Windows);
+3. ``fsync`` the directory, so that the rename itself is durable.
+
+On any error before step 2 the temporary file is removed and the old file is left
+as it was.
+
+``<file>.sha256`` holds ``"<hex digest>  <file name>\\n"``, the format of
+``sha256sum`` (``sha256sum -c model.onnx.sha256`` checks it from the file's folder).
+
+This module needs nothing beyond the standard library (no torch). The reading and
+checking half (``sha256_file``, ``read_sha256``, ``verify_sha256``, ...) lives in
+:mod:`engine.files`, since the engine may not import ``trainer``; it is re-exported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from typing import IO
+
+from engine.files import (  # noqa: F401 - re-exported: the read/verify half lives in the engine
+    SHA256_SUFFIX,
+    read_sha256,
+    sha256_bytes,
+    sha256_file,
+    sha256_path,
+    verify_sha256,
+)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """``fsync`` a directory so that renames inside it are durable (no-op where unsupported)."""
+    if os.name == "nt":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(os.fspath(directory) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_path(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on a clean exit make it ``path``.
+
+    ``mode`` is ``"wb"`` or ``"w"`` (text, ``encoding`` defaults to UTF-8). If the
+    ``with`` body raises, the temporary file is removed and ``path`` is untouched.
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open supports modes 'wb' and 'w', not {mode!r}")
+    path = os.path.abspath(os.fspath(path))
+    tmp = _temp_path(path)
+    if mode == "w" and encoding is None:
+        encoding = "utf-8"
+    f = open(tmp, "xb" if mode == "wb" else "x", encoding=encoding)
+    try:
+        try:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_dir(os.path.dirname(path))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync directory)."""
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    with atomic_open(path, "w", encoding=encoding) as f:
+        f.write(text)
+
+
+def write_sha256(path: str | os.PathLike, digest: str | None = None) -> str:
+    """Write ``<path>.sha256`` (atomically) in sha256sum's format; returns the digest.
+
+    ``digest`` is computed from the file when not given.
+    """
+    if digest is None:
+        digest = sha256_file(path)
+    digest = digest.lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"not a sha256 hex digest: {digest!r}")
+    atomic_write_text(sha256_path(path), f"{digest}  {os.path.basename(os.fspath(path))}\n")
+    return digest
+
+
+def atomic_write_with_sha256(path: str | os.PathLike, data: bytes) -> str:
+    """Atomically write ``data`` to ``path``, then its ``.sha256`` side file; returns the digest.
+
+    The data file is replaced first: a reader that finds a side file not matching the
+    data (the writer died between the two renames) should treat it as not yet
+    published, and retry or wait.
+    """
+    digest = sha256_bytes(data)
+    atomic_write_bytes(path, data)
+    write_sha256(path, digest)
+    return digest
+
+
+__all__ = [
+    "SHA256_SUFFIX", "fsync_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text",
+    "sha256_bytes", "sha256_file", "sha256_path", "write_sha256", "read_sha256", "verify_sha256",
+    "atomic_write_with_sha256",
+]

@@ -1,0 +1,368 @@
+"""The PyTorch network: an SE-ResNet like lc0's "classical" networks.
+
+Shape of the network (``B`` blocks of ``F`` filters, named ``"BxF"``)::
+
+    planes [N,112,8,8]
+      -> input scaling (rule50 plane / 100, every other plane as it is)
+      -> stem: conv 3x3 (112 -> F), batch norm, ReLU
+      -> B residual blocks: conv 3x3, BN, ReLU, conv 3x3, BN, SE unit, + skip, ReLU
+      -> policy head: conv 3x3 (F -> F), BN, ReLU, conv 3x3 (F -> 73) with bias,
+                      gathered into the 1858 policy entries (lc0's "conv policy")
+         or ("fc")    conv 1x1 (F -> 32), BN, ReLU, linear 2048 -> 1858
+      -> value head:  conv 1x1 (F -> 32), BN, ReLU, linear 2048 -> 128, ReLU, linear 128 -> 3
+      -> moves left:  conv 1x1 (F -> 8), BN, ReLU, linear 512 -> 128, ReLU, linear 128 -> 1,
+                      softplus (so never negative); optional
+
+The squeeze-excitation unit is lc0's: global average pool -> linear (F -> F/r) ->
+ReLU -> linear (F/r -> 2F) split into ``gamma`` and ``beta``, and the block's output
+is ``sigmoid(gamma) * x + beta``.
+
+:meth:`Net.forward` returns raw logits for policy *and* WDL (what the training loss
+wants); :class:`InferenceNet` wraps a :class:`Net` with the network contract of
+``shared/DESIGN.md`` (WDL softmaxed in the graph, named outputs) and is what
+:mod:`trainer.export` exports.
+
+Why the rule50 plane is scaled inside the graph: the contract feeds it raw (0..100
+plies), every other plane is 0 or 1. Scaling it to [0, 1] before the first
+convolution keeps the stem's input in one small range, which int8 quantization of
+that input needs (one scale for the whole tensor); it costs one elementwise Mul.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PLANES = 112
+POLICY_SIZE = 1858
+RULE50_PLANE = 109
+RULE50_SCALE = 1.0 / 100.0
+
+#: output channels of the conv policy head: 56 queen-line (8 directions x 7
+#: distances) + 8 knight + 9 promotion planes (3 directions x q, r, b).
+CONV_POLICY_PLANES = 73
+
+_NAME_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
+_POLICY_HEADS = ("conv", "fc")
+
+_QUEEN_DIRS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # (file, rank)
+_KNIGHT_JUMPS = ((1, 2), (2, 1), (2, -1), (1, -2), (-1, -2), (-2, -1), (-2, 1), (-1, 2))
+_PROMO_PIECES = "qrb"
+
+
+def _square_name(sq: int) -> str:
+    return "abcdefgh"[sq % 8] + "12345678"[sq // 8]
+
+
+def _move_plane(df: int, dr: int) -> int | None:
+    """Plane (0..63) of a queen-line or knight displacement, None for anything else."""
+    if (df, dr) in _KNIGHT_JUMPS:
+        return 56 + _KNIGHT_JUMPS.index((df, dr))
+    dist = max(abs(df), abs(dr))
+    if dist == 0 or not (df == 0 or dr == 0 or abs(df) == abs(dr)):
+        return None
+    direction = ((df > 0) - (df < 0), (dr > 0) - (dr < 0))
+    return _QUEEN_DIRS.index(direction) * 7 + dist - 1
+
+
+def policy_index_and_map() -> tuple[list[str], list[int]]:
+    """The 1858 policy moves (UCI, from white's view, contract order) and, for each,
+    its flat index ``plane * 64 + from_square`` in the conv policy head's output.
+
+    Pure Python, so that the model does not depend on the compiled encoder; the test
+    suite checks the list against ``engine.encoding.POLICY_INDEX``.
+    """
+    moves: list[str] = []
+    flat: list[int] = []
+    for frm in range(64):
+        for to in range(64):
+            plane = _move_plane(to % 8 - frm % 8, to // 8 - frm // 8)
+            if plane is not None:
+                moves.append(_square_name(frm) + _square_name(to))
+                flat.append(plane * 64 + frm)
+    for from_file in range(8):
+        frm = 6 * 8 + from_file
+        for to_file in (from_file - 1, from_file, from_file + 1):
+            if not 0 <= to_file < 8:
+                continue
+            to = 7 * 8 + to_file
+            for k, piece in enumerate(_PROMO_PIECES):
+                moves.append(_square_name(frm) + _square_name(to) + piece)
+                flat.append((64 + 3 * (to_file - from_file + 1) + k) * 64 + frm)
+    assert len(moves) == POLICY_SIZE and len(set(flat)) == POLICY_SIZE
+    return moves, flat
+
+
+@dataclasses.dataclass(frozen=True)
+class NetConfig:
+    """Sizes of a :class:`Net`. ``NetConfig.from_name("10x128")`` for the usual ones."""
+
+    blocks: int
+    filters: int
+    se_ratio: int = 4  # SE hidden width = filters // se_ratio (at least 1)
+    moves_left: bool = True
+    policy_head: str = "conv"  # "conv" (lc0's conv policy) or "fc" (1x1 conv + linear)
+    policy_channels: int = 32  # "fc" head only
+    value_channels: int = 32
+    value_hidden: int = 128
+    mlh_channels: int = 8
+    mlh_hidden: int = 128
+
+    def __post_init__(self) -> None:
+        for field in ("blocks", "filters", "se_ratio", "policy_channels", "value_channels",
+                      "value_hidden", "mlh_channels", "mlh_hidden"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"NetConfig.{field} must be a positive integer, got {value!r}")
+        if self.policy_head not in _POLICY_HEADS:
+            raise ValueError(f"NetConfig.policy_head must be one of {_POLICY_HEADS}, got {self.policy_head!r}")
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "NetConfig":
+        """Parse ``"BxF"`` (blocks x filters), e.g. ``"6x64"``, ``"20x256"``.
+
+        Other fields keep their defaults unless given as keyword arguments
+        (``NetConfig.from_name("6x64", moves_left=False)``).
+        """
+        if not isinstance(name, str):
+            raise ValueError(f"network size must be a string like '6x64', got {name!r}")
+        match = _NAME_RE.match(name)
+        if not match:
+            raise ValueError(
+                f"bad network size {name!r}: expected 'BLOCKSxFILTERS' such as '6x64', '10x128' or '20x256'"
+            )
+        blocks, filters = int(match.group(1)), int(match.group(2))
+        if blocks < 1 or filters < 1:
+            raise ValueError(f"bad network size {name!r}: blocks and filters must both be at least 1")
+        return cls(blocks=blocks, filters=filters, **overrides)
+
+    @property
+    def name(self) -> str:
+        return f"{self.blocks}x{self.filters}"
+
+    @property
+    def se_channels(self) -> int:
+        return max(1, self.filters // self.se_ratio)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NetConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown NetConfig fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+class NetOutput(NamedTuple):
+    policy: torch.Tensor  # [N,1858] raw logits
+    wdl: torch.Tensor  # [N,3] raw logits (softmax -> win/draw/loss)
+    mlh: torch.Tensor | None  # [N,1] non-negative moves left, or None
+
+
+class ConvBN(nn.Sequential):
+    """Conv (no bias) + batch norm (+ ReLU)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, relu: bool = True):
+        layers: list[nn.Module] = [
+            nn.Conv2d(cin, cout, kernel, padding=kernel // 2, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        if relu:
+            layers.append(nn.ReLU(inplace=True))
+        super().__init__(*layers)
+
+
+class SqueezeExcitation(nn.Module):
+    """lc0's SE unit: ``sigmoid(gamma) * x + beta`` with (gamma, beta) from the pooled input."""
+
+    def __init__(self, channels: int, hidden: int):
+        super().__init__()
+        self.channels = channels
+        self.fc1 = nn.Linear(channels, hidden)
+        self.fc2 = nn.Linear(hidden, 2 * channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = x.mean(dim=(2, 3))
+        gb = self.fc2(F.relu(self.fc1(pooled)))
+        gamma, beta = gb.split(self.channels, dim=1)
+        return torch.sigmoid(gamma)[:, :, None, None] * x + beta[:, :, None, None]
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int, se_hidden: int):
+        super().__init__()
+        self.conv1 = ConvBN(channels, channels, 3)
+        self.conv2 = ConvBN(channels, channels, 3, relu=False)
+        self.se = SqueezeExcitation(channels, se_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.se(self.conv2(self.conv1(x))))
+
+
+class ConvPolicyHead(nn.Module):
+    """lc0's conv policy head: two 3x3 convs, then a fixed gather into the 1858 moves."""
+
+    def __init__(self, filters: int):
+        super().__init__()
+        self.conv1 = ConvBN(filters, filters, 3)
+        self.conv2 = nn.Conv2d(filters, CONV_POLICY_PLANES, 3, padding=1, bias=True)
+        _, flat = policy_index_and_map()
+        self.register_buffer("policy_map", torch.tensor(flat, dtype=torch.long), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv2(self.conv1(x)).flatten(1)  # [N, 73*64], index plane*64 + square
+        return y.index_select(1, self.policy_map)
+
+
+class FCPolicyHead(nn.Module):
+    def __init__(self, filters: int, channels: int):
+        super().__init__()
+        self.conv = ConvBN(filters, channels, 1)
+        self.fc = nn.Linear(channels * 64, POLICY_SIZE)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).flatten(1))
+
+
+class Net(nn.Module):
+    """SE-ResNet with policy, WDL and (optional) moves-left heads; see the module doc."""
+
+    def __init__(self, config: NetConfig, seed: int | None = 0):
+        super().__init__()
+        self.config = config
+        c = config
+        if seed is None:
+            self._build(c)
+        else:
+            # Deterministic init that leaves the caller's global RNG as it was.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                self._build(c)
+
+    def _build(self, c: NetConfig) -> None:
+        scale = torch.ones(PLANES)
+        scale[RULE50_PLANE] = RULE50_SCALE
+        self.register_buffer("input_scale", scale.view(1, PLANES, 1, 1), persistent=False)
+        self.stem = ConvBN(PLANES, c.filters, 3)
+        self.blocks = nn.Sequential(*(ResidualBlock(c.filters, c.se_channels) for _ in range(c.blocks)))
+        if c.policy_head == "conv":
+            self.policy = ConvPolicyHead(c.filters)
+        else:
+            self.policy = FCPolicyHead(c.filters, c.policy_channels)
+        self.value_conv = ConvBN(c.filters, c.value_channels, 1)
+        self.value_fc1 = nn.Linear(c.value_channels * 64, c.value_hidden)
+        self.value_fc2 = nn.Linear(c.value_hidden, 3)
+        if c.moves_left:
+            self.mlh_conv = ConvBN(c.filters, c.mlh_channels, 1)
+            self.mlh_fc1 = nn.Linear(c.mlh_channels * 64, c.mlh_hidden)
+            self.mlh_fc2 = nn.Linear(c.mlh_hidden, 1)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        # Each residual branch starts near zero (its last BN scaled down), so that a
+        # fresh deep net keeps activations of order one through the whole tower.
+        for block in self.blocks:
+            nn.init.constant_(block.conv2[1].weight, 0.1)
+
+    @property
+    def has_mlh(self) -> bool:
+        return self.config.moves_left
+
+    def forward(self, planes: torch.Tensor) -> NetOutput:
+        x = self.blocks(self.stem(planes * self.input_scale))
+        policy = self.policy(x)
+        v = self.value_conv(x).flatten(1)
+        wdl = self.value_fc2(F.relu(self.value_fc1(v)))
+        mlh = None
+        if self.config.moves_left:
+            m = self.mlh_conv(x).flatten(1)
+            mlh = F.softplus(self.mlh_fc2(F.relu(self.mlh_fc1(m))))
+        return NetOutput(policy, wdl, mlh)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class InferenceNet(nn.Module):
+    """A :class:`Net` with the network contract's outputs: ``(policy logits, WDL probabilities[, mlh])``."""
+
+    def __init__(self, net: Net):
+        super().__init__()
+        self.net = net
+
+    @property
+    def output_names(self) -> list[str]:
+        names = ["/output/policy", "/output/wdl"]
+        if self.net.has_mlh:
+            names.append("/output/mlh")
+        return names
+
+    def forward(self, planes: torch.Tensor):
+        out = self.net(planes)
+        wdl = torch.softmax(out.wdl, dim=1)
+        if out.mlh is None:
+            return out.policy, wdl
+        return out.policy, wdl, out.mlh
+
+
+def build_net(config: NetConfig | str, seed: int | None = 0) -> Net:
+    """A fresh :class:`Net` from a config or a name like ``"6x64"``, deterministic given ``seed``."""
+    if isinstance(config, str):
+        config = NetConfig.from_name(config)
+    return Net(config, seed=seed)
+
+
+def save_checkpoint_dict(net: Net) -> dict:
+    """What a checkpoint needs to rebuild the net: its config and weights."""
+    return {"config": net.config.to_dict(), "model": net.state_dict()}
+
+
+def load_net(checkpoint: dict | str, config: NetConfig | None = None) -> Net:
+    """Rebuild a :class:`Net` from a checkpoint (a dict or a path to ``torch.save``'d one).
+
+    The checkpoint holds ``{"config": NetConfig fields, "model": state_dict}``; a bare
+    state dict also works when ``config`` is given.
+    """
+    if isinstance(checkpoint, str):
+        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict):
+        raise ValueError("checkpoint must be a dict with 'config' and 'model', or a state dict")
+    if "model" in checkpoint:
+        state = checkpoint["model"]
+        if config is None:
+            if "config" not in checkpoint:
+                raise ValueError("checkpoint has no 'config'; pass config=")
+            config = NetConfig.from_dict(checkpoint["config"])
+    else:
+        state = checkpoint
+        if config is None:
+            raise ValueError("a bare state dict needs config=")
+    net = Net(config, seed=None)
+    net.load_state_dict(state)
+    return net
+
+
+__all__: Sequence[str] = [
+    "PLANES", "POLICY_SIZE", "NetConfig", "NetOutput", "Net", "InferenceNet",
+    "build_net", "load_net", "save_checkpoint_dict", "policy_index_and_map",
+]
