@@ -1,0 +1,114 @@
+"""Reading and checking files that another process wrote: sha256 digests and side files.
+
+The writing half (temp name, fsync, rename, and writing the side files) is
+:mod:`trainer.atomic`, which imports these helpers from here; the engine
+never imports ``trainer``, so the part both sides need lives in ``engine``.
+
+``<file>.sha256`` holds ``"<hex digest>  <file name>\\n"``, the format of
+``sha256sum`` (``sha256sum -c model.onnx.sha256`` checks it from the file's
+folder).  Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Callable, NamedTuple, Optional
+
+__all__ = [
+    "SHA256_SUFFIX",
+    "FileSignature",
+    "file_signature",
+    "is_sha256_hex",
+    "read_sha256",
+    "sha256_bytes",
+    "sha256_file",
+    "sha256_path",
+    "verify_sha256",
+]
+
+SHA256_SUFFIX = ".sha256"
+_CHUNK = 1 << 20
+_SHA256_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256_hex(text: object) -> bool:
+    """True for a lower-case 64-digit hex string (what :func:`sha256_file` returns)."""
+    return isinstance(text, str) and _SHA256_HEX.fullmatch(text) is not None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(
+    path: str | os.PathLike, *, cancelled: Optional[Callable[[], bool]] = None
+) -> Optional[str]:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks.
+
+    ``cancelled``, if given, is asked between chunks; when it returns true the
+    hashing stops and ``None`` is returned (a watcher thread that is being
+    closed does not finish hashing a large file first).
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            if cancelled is not None and cancelled():
+                return None
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_path(path: str | os.PathLike) -> str:
+    """Where the sha256 side file of ``path`` lives: ``path + ".sha256"``."""
+    return os.fspath(path) + SHA256_SUFFIX
+
+
+def read_sha256(path: str | os.PathLike) -> str:
+    """The digest recorded in ``<path>.sha256``.
+
+    Raises ``FileNotFoundError`` if there is no side file and ``ValueError`` if it is
+    malformed or names another file.
+    """
+    side = sha256_path(path)
+    with open(side, encoding="utf-8", errors="replace") as f:
+        line = f.readline(4096).strip()
+    match = _SHA256_LINE.match(line)
+    if not match:
+        raise ValueError(f"{side}: expected '<64 hex digits>  <file name>', got {line[:100]!r}")
+    digest, name = match.group(1).lower(), match.group(2)
+    expected_name = os.path.basename(os.fspath(path))
+    if os.path.basename(name) != expected_name:
+        raise ValueError(f"{side}: names {name!r}, not {expected_name!r}")
+    return digest
+
+
+def verify_sha256(path: str | os.PathLike) -> str:
+    """Check ``path`` against ``<path>.sha256``; returns the digest or raises ``ValueError``."""
+    expected = read_sha256(path)
+    actual = sha256_file(path)
+    if actual != expected:
+        raise ValueError(
+            f"{os.fspath(path)}: sha256 {actual} does not match {expected} recorded in {sha256_path(path)}"
+            " (truncated or corrupted file?)"
+        )
+    return actual
+
+
+class FileSignature(NamedTuple):
+    """What a cheap ``stat`` says about a file: enough to notice that it was replaced or rewritten."""
+
+    mtime_ns: int
+    size: int
+    inode: int
+
+
+def file_signature(path: str | os.PathLike) -> Optional[FileSignature]:
+    """The :class:`FileSignature` of ``path``, or ``None`` if it does not exist (or cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileSignature(st.st_mtime_ns, st.st_size, st.st_ino)
