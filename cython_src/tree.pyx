@@ -12,6 +12,8 @@ Values are stored from the view of the player who moved into the node, so a
 parent picks the child with the highest ``wl`` directly.
 """
 
+import math
+
 import numpy as np
 cimport numpy as cnp
 
@@ -154,53 +156,56 @@ cdef inline float _cpuct(const Params* p, uint32_t n, bint root) noexcept nogil:
 
 
 cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
-    """Index of the edge to explore from node ``ni`` (PUCT with FPU reduction), -1 if none allowed."""
+    """Index of the edge to explore from node ``ni`` (PUCT with FPU reduction), -1 if none allowed.
+
+    One pass over the edges and the (edge-ordered) child list: visited children are scored
+    as they come; for the unvisited ones, which all share the FPU value, only the best
+    prior / (1 + in-flight) is kept, and the FPU is applied once the visited policy is known.
+    """
     cdef Node* node = &t.nodes[ni]
     cdef Edge* edges = &t.edges[node.edges]
     cdef Params* prm = &t.params
     cdef uint32_t children_visits = node.n - 1 if node.n > 0 else 0
     cdef float puct = _cpuct(prm, node.n, root) * sqrtf(<float>(children_visits if children_visits > 1 else 1))
-    cdef float visited_policy = 0.0
+    cdef float visited_policy = 0.0, p, u, score, q
+    cdef float best_score = -1e30, fresh_u = -1.0
+    cdef int best = -1, fresh = -1, i
     cdef uint32_t ci = node.child
     cdef Node* c
-    while ci:
-        c = &t.nodes[ci]
-        if c.n > 0:
-            visited_policy += t.edges[node.edges + c.edge_idx].prior * (1.0 / 65535.0)
-        ci = c.sibling
-    # node.wl is from the view of whoever moved into this node; children are seen by the player to move here.
-    cdef float parent_q = -node.wl if node.n > 0 else 0.0
-    cdef float fpu = parent_q - (prm.fpu_value_root if root else prm.fpu_value) * sqrtf(visited_policy)
-    cdef int best = -1, i
-    cdef float best_score = -1e30, score, q, p
-    cdef bint scored_unvisited = False
-    ci = node.child
     for i in range(node.num_edges):
-        if root and t.root_filter != NULL and not _in_filter(t, edges[i].move):
-            if ci and t.nodes[ci].edge_idx == i:
-                ci = t.nodes[ci].sibling
-            continue
         p = edges[i].prior * (1.0 / 65535.0)
         if ci and t.nodes[ci].edge_idx == i:
             c = &t.nodes[ci]
             ci = c.sibling
-            if c.flags & NODE_PROVEN:
-                q = c.bound
-            elif c.n > 0:
-                q = c.wl
-            else:
-                q = fpu
-            score = q + puct * p / (1.0 + c.n + c.n_in_flight)
-        else:
-            if scored_unvisited:
-                if not ci and not root:
-                    break  # edges are sorted by prior: later unvisited edges score lower
+            if root and t.root_filter != NULL and not _in_filter(t, edges[i].move):
                 continue
-            scored_unvisited = not root
-            score = fpu + puct * p
-        if score > best_score:
-            best_score = score
-            best = i
+            if c.n > 0:
+                visited_policy += p
+                q = c.bound if c.flags & NODE_PROVEN else c.wl
+                score = q + puct * p / (1.0 + c.n + c.n_in_flight)
+                if score > best_score:
+                    best_score = score
+                    best = i
+            else:
+                u = p / (1.0 + c.n_in_flight)
+                if u > fresh_u:
+                    fresh_u = u
+                    fresh = i
+        else:
+            if root and t.root_filter != NULL and not _in_filter(t, edges[i].move):
+                continue
+            if p > fresh_u:
+                fresh_u = p
+                fresh = i
+            elif not root and not ci:
+                break  # edges are sorted by prior: no later unvisited edge can score higher
+    if fresh >= 0:
+        # node.wl is seen by whoever moved into this node; its children by the player to move here.
+        q = (-node.wl if node.n > 0 else 0.0) - prm.fpu_value_root * sqrtf(visited_policy) if root \
+            else (-node.wl if node.n > 0 else 0.0) - prm.fpu_value * sqrtf(visited_policy)
+        score = q + puct * fresh_u
+        if best < 0 or score > best_score:
+            return fresh
     return best
 
 
@@ -399,11 +404,14 @@ cdef class Batch:
     cdef uint32_t n_paths, cap_paths
     cdef readonly int size
     cdef readonly int capacity
+    cdef readonly bint encode
     cdef public object planes
     cdef float* planes_ptr
     cdef list _owners
 
-    def __cinit__(self, int capacity=256):
+    def __cinit__(self, int capacity=256, *, bint encode=True):
+        """``encode=False`` skips writing input planes (for evaluators that ignore them)."""
+        self.encode = encode
         if capacity < 1:
             raise ValueError(f"batch capacity must be >= 1, got {capacity}")
         self.capacity = capacity
@@ -414,7 +422,7 @@ cdef class Batch:
         self.n_paths = 0
         if self.leaves == NULL or self.paths == NULL:
             raise MemoryError()
-        self.planes = np.zeros((capacity, INPUT_PLANES, 8, 8), dtype=np.float32)
+        self.planes = np.zeros((capacity if encode else 1, INPUT_PLANES, 8, 8), dtype=np.float32)
         cdef float[:, :, :, ::1] view = self.planes
         self.planes_ptr = &view[0, 0, 0, 0]
         self._owners = []
@@ -452,6 +460,8 @@ cdef class Batch:
         if pol.shape[0] < n or pol.shape[1] != POLICY_MOVES or w.shape[0] < n or w.shape[1] != 3:
             raise ValueError(f"backup needs policy [{n},{POLICY_MOVES}] and wdl [{n},3], "
                              f"got {tuple(np.shape(policy))} and {tuple(np.shape(wdl))}")
+        if not np.isfinite(np.asarray(w[:n])).all():
+            raise ValueError("backup needs finite wdl values")
         cdef float[::1] ml
         cdef float* ml_ptr = NULL
         if mlh is not None:
@@ -474,6 +484,7 @@ cdef class Batch:
         cdef Leaf* lf
         for i in range(self.size):
             lf = &self.leaves[i]
+            (<TreeCore*>lf.tree).pending -= 1
             (<TreeCore*>lf.tree).nodes[lf.node].flags &= ~NODE_PENDING
             _cancel(<TreeCore*>lf.tree, &self.paths[lf.path], lf.depth)
         self.size = 0
@@ -487,6 +498,7 @@ cdef void _backup_leaf(Leaf* lf, const uint32_t* paths, const float* logits, con
     cdef TreeCore* t = <TreeCore*>lf.tree
     cdef uint32_t ni = lf.node
     cdef Pos p
+    t.pending -= 1
     cdef Move moves[MAX_MOVES]
     cdef float priors[MAX_MOVES]
     cdef int n, i
@@ -584,7 +596,7 @@ cdef class NNCache:
 
 DEFAULTS = dict(cpuct=1.745, cpuct_base=38739.0, cpuct_factor=3.894,
                 cpuct_root=1.745, cpuct_base_root=38739.0, cpuct_factor_root=3.894,
-                fpu_value=0.330, fpu_value_root=1.0, policy_temperature=1.359,
+                fpu_value=0.330, fpu_value_root=0.330, policy_temperature=1.359,
                 noise_epsilon=0.0, noise_alpha=0.3, two_fold_draws=True)
 
 
@@ -596,6 +608,7 @@ cdef class Tree:
     cdef Board game
     cdef NNCache cache
     cdef object _searchmoves
+    cdef object _allowed
 
     def __cinit__(self):
         memset(&self.core, 0, sizeof(TreeCore))
@@ -624,22 +637,30 @@ cdef class Tree:
         self.set_position(board if board is not None else Board())
 
     def configure(self, **params):
-        """Set search parameters by name (see ``DEFAULTS``)."""
-        cdef Params* p = &self.core.params
+        """Set search parameters by name (see ``DEFAULTS``); all are checked before any is set."""
+        checked = {}
         for name, value in params.items():
             if name not in DEFAULTS:
                 raise ValueError(f"unknown search parameter {name!r}")
             if name == "two_fold_draws":
-                p.two_fold_draws = bool(value)
+                checked[name] = bool(value)
                 continue
             value = float(value)
-            if name in ("cpuct_base", "cpuct_base_root", "policy_temperature") and value <= 0:
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+            if name in ("cpuct_base", "cpuct_base_root", "policy_temperature", "noise_alpha") and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+            if name in ("cpuct", "cpuct_root", "cpuct_factor", "cpuct_factor_root") and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
             if name == "noise_epsilon" and not 0.0 <= value <= 1.0:
                 raise ValueError(f"noise_epsilon must be within [0, 1], got {value}")
-            if name == "noise_alpha" and value <= 0:
-                raise ValueError(f"noise_alpha must be > 0, got {value}")
-            setattr_params(p, name, value)
+            checked[name] = value
+        cdef Params* p = &self.core.params
+        for name, value in checked.items():
+            if name == "two_fold_draws":
+                p.two_fold_draws = value
+            else:
+                setattr_params(p, name, value)
 
     def seed(self, seed=None):
         """Seed the tree's random numbers (Dirichlet noise, temperature); None picks one."""
@@ -660,6 +681,7 @@ cdef class Tree:
     def set_position(self, Board board):
         """Root the tree at ``board`` (with its history). Returns True when the old
         tree was reused because ``board`` extends the previous position."""
+        self._check_no_pending()
         reused = self._try_reuse(board)
         if not reused:
             _clear_pools(&self.core)
@@ -762,8 +784,14 @@ cdef class Tree:
         t.cap_edges = fresh.cap_edges
         t.root = fresh.root
 
+    cdef _check_no_pending(self):
+        if self.core.pending:
+            raise RuntimeError(f"{self.core.pending} leaves of this tree wait in a batch: "
+                               "back them up or clear the batch before re-rooting the tree")
+
     def reset(self):
         """Forget the whole tree (new game)."""
+        self._check_no_pending()
         _clear_pools(&self.core)
         self.game = None
         self.set_position(Board())
@@ -777,20 +805,22 @@ cdef class Tree:
         free(self.core.root_filter)
         self.core.root_filter = NULL
         self.core.n_root_filter = 0
-        if not moves:
-            return
+        self._allowed = None
         legal = []
-        for mv in moves:
+        for mv in moves or ():
             try:
                 legal.append(self.game._parse_uci(mv))
             except ValueError:
-                pass  # UCI: searchmoves naming no legal move restricts nothing it names
-        self.core.root_filter = <Move*>malloc((len(legal) or 1) * sizeof(Move))
+                pass  # a move that is not legal here (or 0000) restricts nothing
+        if not legal:
+            return  # nothing legal named: search every move, as lc0 does
+        self.core.root_filter = <Move*>malloc(len(legal) * sizeof(Move))
         if self.core.root_filter == NULL:
             raise MemoryError()
         for i, m in enumerate(legal):
             self.core.root_filter[i] = m
         self.core.n_root_filter = len(legal)
+        self._allowed = {_uci_of(&self.core.root_pos, m) for m in legal}
 
     # -- gathering -----------------------------------------------------------
 
@@ -828,7 +858,7 @@ cdef class Tree:
 
     @property
     def average_depth(self):
-        return self.core.cum_depth / self.core.playouts if self.core.playouts else 0.0
+        return <double>self.core.cum_depth / self.core.playouts if self.core.playouts else 0.0
 
     @property
     def seldepth(self):
@@ -917,6 +947,8 @@ cdef class Tree:
     def best_move(self):
         """The move to play (UCI), or None when the root has no legal move or was never expanded."""
         children = self.root_children()
+        if self._allowed:
+            children = [c for c in children if c["move"] in self._allowed] or children
         if not children:
             return None
         return children[0]["move"]
@@ -970,6 +1002,12 @@ cdef class Tree:
         return {c["move"]: c["n"] for c in self.root_children()}
 
 
+cdef str _uci_of(const Pos* p, Move m):
+    cdef char buf[8]
+    cdef int n = move_to_uci(p, m, buf)
+    return buf[:n].decode("ascii")
+
+
 def _child_rank(c):
     proven = c["proven"]
     if proven == 1:
@@ -1015,7 +1053,7 @@ cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noe
     """Copy the subtree under ``s`` into ``dst`` at node ``d`` (iteratively, children in order)."""
     cdef uint32_t* stack_s
     cdef uint32_t* stack_d
-    cdef uint32_t top = 0, cap = 1024, sn, dn, sc, prev, nc
+    cdef uint32_t top = 0, cap = 1024, sn, dn, sc, prev, nc, sib
     cdef Node* node
     stack_s = <uint32_t*>malloc(cap * sizeof(uint32_t))
     stack_d = <uint32_t*>malloc(cap * sizeof(uint32_t))
@@ -1031,9 +1069,10 @@ cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noe
         sn = stack_s[top]
         dn = stack_d[top]
         node = &src.nodes[sn]
+        sib = dst.nodes[dn].sibling      # linked by the parent already: keep it
         dst.nodes[dn] = node[0]
         dst.nodes[dn].child = 0
-        dst.nodes[dn].sibling = 0
+        dst.nodes[dn].sibling = sib if sn != s else 0
         if node.flags & NODE_EXPANDED:
             if _reserve(dst, 0, node.num_edges) < 0:
                 free(stack_s)
@@ -1081,6 +1120,8 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
     cdef CacheEntry* ce
     cdef uint64_t key
     cdef int max_collisions = max_leaves if max_leaves > 16 else 16
+    cdef int ooo = 0
+    cdef int max_ooo = (max_leaves * 12) // 5 if max_leaves > 1 else 2
     cdef Leaf* lf
     cdef float wl
     if t.nodes[t.root].flags & NODE_PROVEN:
@@ -1099,6 +1140,7 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
                 # Exact result: back it up without asking the network.
                 _backup(t, path, depth, node.bound, 1.0 if node.bound == 0 else 0.0, node.m >> 4)
                 visits += 1
+                ooo += 1
                 break
             if node.flags & NODE_EXPANDED and node.num_edges:
                 edge = _select(t, ni, depth == 0)
@@ -1141,6 +1183,7 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
                 if not (node.flags & NODE_TWOFOLD):
                     _prove_up(t, path, depth)
                 visits += 1
+                ooo += 1
                 break
             key = _cache_key(&pos)
             if t.cache != NULL and t.cache_size:
@@ -1156,6 +1199,7 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
                         _apply_root_noise(t)
                     _backup(t, path, depth, -ce.wl, ce.d, ce.m)
                     visits += 1
+                    ooo += 1
                     break
             # Queue for the network.
             if batch._reserve_path(depth) < 0:
@@ -1171,14 +1215,16 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
             lf.path = batch.n_paths
             memcpy(&batch.paths[batch.n_paths], path, (depth + 1) * sizeof(uint32_t))
             batch.n_paths += depth + 1
-            encode_planes(&pos, t.stack, t.root_ply + depth, t.start_ep,
-                          batch.planes_ptr + batch.size * PLANE_FLOATS)
+            if batch.encode:
+                encode_planes(&pos, t.stack, t.root_ply + depth, t.start_ep,
+                              batch.planes_ptr + batch.size * PLANE_FLOATS)
             batch.size += 1
+            t.pending += 1
             node.flags |= NODE_PENDING
             added += 1
             visits += 1
             break
-        if collisions >= max_collisions:
+        if collisions >= max_collisions or ooo >= max_ooo:
             break
         if t.nodes[t.root].flags & NODE_PROVEN:
             break

@@ -72,6 +72,7 @@ cdef struct TreeCore:
     uint64_t cum_depth       # sum of their depths, for lc0's average depth
     int seldepth
     uint64_t collisions
+    uint32_t pending         # leaves of this tree waiting in a batch
     Move* root_filter        # searchmoves: the root may only play these (NULL = all moves)
     int n_root_filter
     CacheEntry* cache        # shared NN cache (may be NULL)
