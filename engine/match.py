@@ -1,0 +1,1167 @@
+"""``cyzero match``: play one UCI engine against another and measure the difference.
+
+Two engine commands (cyzero by default, Debian's ``stockfish`` with
+``UCI_LimitStrength``/``UCI_Elo`` as a convenience) play N games through
+python-chess's asyncio engine API:
+
+- under a clock (``10+0.1``: base seconds + increment), a fixed number of
+  nodes, or a fixed time per move;
+- from a bundled set of varied, balanced openings (``engine/openings.txt``),
+  each opening played twice with colours reversed, so games come in pairs;
+- K games at once (``--concurrency``), each worker with its own two engine
+  processes;
+- the runner keeps the clocks: it measures the wall time of every move and
+  subtracts it; a move that arrives after the clock has run out loses on
+  time, and the overshoot is recorded. A hard wall-clock guard per move (the
+  time the engine may still use plus ``guard`` seconds) kills an engine that
+  hangs, so no engine can hang the match;
+- an engine that plays an illegal move, gives no move, hangs, crashes or
+  breaks the protocol loses that game; the event is counted per engine, never
+  a crash of the runner, and a dead engine is restarted for its next game;
+- games end only by the rules (python-chess's outcome, draws claimed at once)
+  or by the optional adjudications: a draw after ``adjudicate_moves`` full
+  moves, and resignation with ``resign=(CP, MOVES)``;
+- a PGN of all games, in game-number order: each game is appended as soon as
+  it and every game before it have finished, and the whole file is rewritten
+  atomically (temp file, fsync, rename) at the end;
+- a summary: W/L/D from engine1's view, score, Elo difference with a 95%
+  interval (trinomial model), LOS, failure counts per engine, time taken.
+
+The command-line arguments are defined in ``engine.cli``; :func:`main` takes
+the parsed namespace. :func:`run_match` is the programmatic entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import io
+import json
+import logging
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import chess
+import chess.engine
+import chess.pgn
+
+OPENINGS_PATH = Path(__file__).with_name("openings.txt")
+STOCKFISH_FALLBACK = "/usr/games/stockfish"  # Debian installs it outside the usual PATH
+
+STARTUP_TIMEOUT = 60.0  # seconds for an engine to start and answer `uci`
+READY_TIMEOUT = 30.0  # seconds to answer `isready` after `ucinewgame`
+QUIT_TIMEOUT = 5.0  # seconds to exit after `quit` before it is killed
+KILL_WAIT = 5.0  # seconds to wait for a killed engine's last command to finish
+
+MATE_SCORE = 100_000
+
+
+class MatchError(Exception):
+    """The match cannot be played as asked (bad argument, an engine that cannot start, ...)."""
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def elo_from_score(score: float) -> float:
+    """Elo difference for an expected score in [0, 1]: -400 log10(1/score - 1); +-inf at the ends."""
+    if score <= 0.0:
+        return -math.inf
+    if score >= 1.0:
+        return math.inf
+    return -400.0 * math.log10(1.0 / score - 1.0)
+
+
+def likelihood_of_superiority(wins: int, losses: int) -> float:
+    """LOS = 0.5 (1 + erf((W - L) / sqrt(2 (W + L)))); 0.5 when there are no decisive games."""
+    if wins + losses == 0:
+        return 0.5
+    return 0.5 * (1.0 + math.erf((wins - losses) / math.sqrt(2.0 * (wins + losses))))
+
+
+@dataclass(frozen=True)
+class ScoreStats:
+    """Score statistics from one side's view (trinomial model: each game is 1, 1/2 or 0)."""
+
+    wins: int
+    losses: int
+    draws: int
+    games: int
+    score: Optional[float]  # mean score per game, None with no games
+    stderr: Optional[float]  # standard error of the mean score
+    elo: Optional[float]  # may be +-inf
+    elo_low: Optional[float]  # 95% interval; bounds outside (0, 1) become -inf / +inf
+    elo_high: Optional[float]
+    los: float
+
+
+def score_stats(wins: int, losses: int, draws: int) -> ScoreStats:
+    """Mean score, Elo difference with a 95% interval and LOS for W/L/D counts."""
+    n = wins + losses + draws
+    los = likelihood_of_superiority(wins, losses)
+    if n == 0:
+        return ScoreStats(wins, losses, draws, 0, None, None, None, None, None, los)
+    mu = (wins + 0.5 * draws) / n
+    var = (wins * (1.0 - mu) ** 2 + draws * (0.5 - mu) ** 2 + losses * (0.0 - mu) ** 2) / n
+    se = math.sqrt(var / n)
+    low, high = mu - 1.96 * se, mu + 1.96 * se
+    return ScoreStats(
+        wins, losses, draws, n, mu, se, elo_from_score(mu), elo_from_score(low), elo_from_score(high), los
+    )
+
+
+# --------------------------------------------------------------------------- time controls
+
+
+@dataclass(frozen=True)
+class TimeControl:
+    """Exactly one of: a clock (base + increment, seconds), nodes per move, or time per move."""
+
+    base: Optional[float] = None
+    increment: float = 0.0
+    nodes: Optional[int] = None
+    movetime: Optional[float] = None  # seconds
+
+    @classmethod
+    def parse(cls, text: str) -> "TimeControl":
+        """``10+0.1``, ``60`` or ``1:30+1`` (minutes:seconds): base seconds and increment."""
+        m = re.fullmatch(r"\s*(?:(\d+):)?(\d+(?:\.\d*)?|\.\d+)\s*(?:\+\s*(\d+(?:\.\d*)?|\.\d+))?\s*", text)
+        if not m:
+            raise MatchError(f"time control must look like 10+0.1 (seconds + increment), got {text!r}")
+        base = float(m.group(2)) + 60.0 * int(m.group(1) or 0)
+        inc = float(m.group(3) or 0.0)
+        if base <= 0:
+            raise MatchError(f"time control needs a base time above 0, got {text!r}")
+        return cls(base=base, increment=inc)
+
+    @property
+    def kind(self) -> str:
+        return "clock" if self.base is not None else "nodes" if self.nodes is not None else "movetime"
+
+    def __str__(self) -> str:
+        if self.base is not None:
+            return f"{self.base:g}+{self.increment:g}"
+        if self.nodes is not None:
+            return f"nodes={self.nodes}"
+        return f"movetime={self.movetime * 1000:g}ms"
+
+    def pgn_tag(self) -> str:
+        """The PGN TimeControl tag: ``base+inc`` in seconds, ``-`` for node or move-time limits."""
+        return f"{self.base:g}+{self.increment:g}" if self.base is not None else "-"
+
+
+# --------------------------------------------------------------------------- openings
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A start position (``fen`` None: the standard one) and the moves played from it."""
+
+    name: str
+    eco: str = ""
+    fen: Optional[str] = None
+    moves: tuple = ()
+
+    def start_board(self) -> chess.Board:
+        return chess.Board() if self.fen is None else chess.Board(self.fen)
+
+    def board(self) -> chess.Board:
+        """The position the engines start from (moves kept in the move stack)."""
+        board = self.start_board()
+        for move in self.moves:
+            board.push(move)
+        return board
+
+
+_MOVE_NUMBER = re.compile(r"\d+\.(\.\.)?|\d+\.\.\.")
+
+
+def _parse_san_moves(board: chess.Board, text: str) -> tuple:
+    moves = []
+    for token in text.split():
+        token = _MOVE_NUMBER.sub("", token)
+        if not token:
+            continue
+        moves.append(board.push_san(token))  # raises ValueError for illegal / ambiguous moves
+    return tuple(moves)
+
+
+def parse_openings(text: str, source: str = "<openings>") -> list[Opening]:
+    """Openings from text: one a line, ``ECO | name | SAN moves`` or a FEN / EPD position.
+
+    Blank lines and lines starting with ``#`` are skipped. An EPD line may name
+    itself with an ``id`` operation. A PGN text (one that has ``[`` tags) is read
+    game by game: the FEN tag and the main line of moves.
+    """
+    if re.search(r"^\s*\[\w+\s+\"", text, re.MULTILINE):
+        return _parse_pgn_openings(text, source)
+    openings = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        try:
+            if "|" in line:
+                fields = [f.strip() for f in line.split("|")]
+                if len(fields) != 3:
+                    raise ValueError("expected 'ECO | name | moves'")
+                eco, name, moves_text = fields
+                board = chess.Board()
+                moves = _parse_san_moves(board, moves_text)
+                openings.append(Opening(name=name or moves_text, eco=eco, moves=moves))
+            else:
+                try:
+                    board = chess.Board(line)
+                    name = line
+                except ValueError:
+                    board, ops = chess.Board.from_epd(line)
+                    name = str(ops.get("id") or board.fen())
+                if not board.is_valid():
+                    raise ValueError(f"not a valid position: {board.status()!r}")
+                openings.append(Opening(name=name, fen=board.fen()))
+        except ValueError as e:
+            raise MatchError(f"{where}: cannot read opening {line!r}: {e}") from None
+    return openings
+
+
+def _parse_pgn_openings(text: str, source: str) -> list[Opening]:
+    openings = []
+    stream = io.StringIO(text)
+    while True:
+        game = chess.pgn.read_game(stream)
+        if game is None:
+            break
+        if game.errors:
+            raise MatchError(f"{source}: game {len(openings) + 1}: {game.errors[0]}")
+        start = game.board()
+        fen = None if start == chess.Board() else start.fen()
+        h = game.headers
+        name = h.get("Opening") or h.get("Event") or f"{source} #{len(openings) + 1}"
+        openings.append(Opening(name=name, eco=h.get("ECO", ""), fen=fen, moves=tuple(game.mainline_moves())))
+    return openings
+
+
+def load_openings(path: Optional[str | os.PathLike] = None) -> list[Opening]:
+    """The openings in ``path`` (default: the bundled set); each must leave a game still to play."""
+    path = Path(path) if path is not None else OPENINGS_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MatchError(f"cannot read openings {str(path)!r}: {e.strerror or e}") from None
+    openings = parse_openings(text, str(path))
+    if not openings:
+        raise MatchError(f"no openings in {str(path)!r}")
+    for opening in openings:
+        board = opening.board()
+        if board.is_game_over(claim_draw=True):
+            raise MatchError(f"{str(path)!r}: opening {opening.name!r} is already decided")
+    return openings
+
+
+# --------------------------------------------------------------------------- engines
+
+
+@dataclass
+class EngineSpec:
+    """How to start and configure one side of the match."""
+
+    command: list[str]
+    options: list[tuple[str, str]] = field(default_factory=list)
+    name: Optional[str] = None  # overrides the engine's `id name`
+    clamp: frozenset = frozenset()  # spin options clamped into the engine's range instead of refused
+
+
+@dataclass
+class EngineStats:
+    """Failure events of one engine over the whole match."""
+
+    time_forfeits: int = 0
+    illegal_moves: int = 0
+    crashes: int = 0
+    disconnects: int = 0
+    restarts: int = 0
+    max_overshoot_ms: float = 0.0  # largest time a move arrived after the clock ran out
+
+    def as_dict(self) -> dict:
+        return {
+            "time_forfeits": self.time_forfeits,
+            "illegal_moves": self.illegal_moves,
+            "crashes": self.crashes,
+            "disconnects": self.disconnects,
+            "restarts": self.restarts,
+            "max_overshoot_ms": round(self.max_overshoot_ms, 1),
+        }
+
+
+def stockfish_command() -> str:
+    """Debian's stockfish: on PATH, or in /usr/games where Debian puts it."""
+    found = shutil.which("stockfish")
+    if found:
+        return found
+    if os.access(STOCKFISH_FALLBACK, os.X_OK):
+        return STOCKFISH_FALLBACK
+    raise MatchError("stockfish not found on PATH or at /usr/games/stockfish (apt-get install stockfish)")
+
+
+def default_engine_command() -> list[str]:
+    """cyzero: the console script next to the running Python, else ``python -m uci``."""
+    script = Path(sys.executable).with_name("cyzero")
+    if os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "uci"]
+
+
+def parse_command(text: str) -> list[str]:
+    """A shell-like command string -> argv; a bare name missing from PATH is looked up in /usr/games."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise MatchError(f"cannot parse engine command {text!r}: {e}") from None
+    if not argv:
+        raise MatchError("empty engine command")
+    if os.sep not in argv[0] and shutil.which(argv[0]) is None:
+        games = os.path.join("/usr/games", argv[0])
+        if os.access(games, os.X_OK):
+            argv[0] = games
+    return argv
+
+
+def parse_option(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (the name may contain spaces, e.g. ``Move Overhead=100``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise MatchError(f"engine option must be NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class _Engine:
+    """One engine process of one worker: start, configure, play moves, restart, close."""
+
+    def __init__(self, spec: EngineSpec, label: str, stats: EngineStats, notes: Callable[[str], None]):
+        self.spec = spec
+        self.label = label
+        self.stats = stats
+        self.notes = notes
+        self.transport: Optional[asyncio.SubprocessTransport] = None
+        self.protocol: Optional[chess.engine.UciProtocol] = None
+        self.id_name: Optional[str] = None
+        self.applied_options: dict = {}
+        self.started_once = False
+
+    @property
+    def alive(self) -> bool:
+        return self.protocol is not None and not self.protocol.returncode.done()
+
+    def exit_code(self) -> Optional[int]:
+        if self.protocol is not None and self.protocol.returncode.done():
+            return self.protocol.returncode.result()
+        return None
+
+    async def start(self) -> None:
+        """Start the process and configure it; MatchError (process cleaned up) when it cannot."""
+        await self.kill()
+        command = " ".join(shlex.quote(a) for a in self.spec.command)
+        try:
+            transport, protocol = await chess.engine.UciProtocol.popen(self.spec.command)
+        except OSError as e:
+            raise MatchError(f"{self.label}: cannot start {command!r}: {e.strerror or e}") from None
+        self.transport, self.protocol = transport, protocol
+        try:
+            await asyncio.wait_for(protocol.initialize(), STARTUP_TIMEOUT)
+            await self._configure(protocol)
+        except asyncio.TimeoutError:
+            await self.kill()
+            raise MatchError(f"{self.label}: {command!r} did not answer `uci` within {STARTUP_TIMEOUT:g} s") from None
+        except chess.engine.EngineTerminatedError as e:
+            await self.kill()
+            raise MatchError(f"{self.label}: {command!r} exited during start-up ({e})") from None
+        except (chess.engine.EngineError, MatchError) as e:
+            await self.kill()
+            raise MatchError(str(e) if isinstance(e, MatchError) else f"{self.label}: {command!r}: {e}") from None
+        if self.started_once:
+            self.stats.restarts += 1
+        self.started_once = True
+        self.id_name = protocol.id.get("name") or os.path.basename(self.spec.command[0])
+
+    async def _configure(self, protocol: chess.engine.UciProtocol) -> None:
+        config: dict = {}
+        for name, value in self.spec.options:
+            if name not in protocol.options:
+                known = ", ".join(sorted(protocol.options)) or "none"
+                raise MatchError(f"{self.label}: the engine has no option {name!r} (it has: {known})")
+            option = protocol.options[name]
+            name = option.name
+            if option.type == "check":
+                if value.lower() not in _TRUE | _FALSE:
+                    raise MatchError(f"{self.label}: option {name} is true or false, got {value!r}")
+                config[name] = value.lower() in _TRUE
+            elif option.type == "spin":
+                try:
+                    number = int(value)
+                except ValueError:
+                    raise MatchError(f"{self.label}: option {name} takes a whole number, got {value!r}") from None
+                low = option.min if option.min is not None else number
+                high = option.max if option.max is not None else number
+                if not low <= number <= high:
+                    if name not in self.spec.clamp:
+                        raise MatchError(f"{self.label}: option {name}={number} is outside the engine's range {low}..{high}")
+                    clamped = min(max(number, low), high)
+                    self.notes(f"{self.label}: the engine accepts {name} {low}..{high}; using {clamped} instead of {number}")
+                    number = clamped
+                config[name] = number
+            elif option.type == "button":
+                config[name] = None
+            else:
+                config[name] = value
+        try:
+            await protocol.configure(config)
+        except chess.engine.EngineError as e:
+            raise MatchError(f"{self.label}: cannot set options {config}: {e}") from None
+        self.applied_options = {k: v for k, v in config.items() if v is not None}
+
+    async def kill(self) -> None:
+        """Kill the process (if any) and forget it; a later start() starts a fresh one."""
+        transport, self.transport, self.protocol = self.transport, None, None
+        if transport is None:
+            return
+        with contextlib.suppress(Exception):
+            transport.kill()
+        with contextlib.suppress(Exception):
+            transport.close()
+        await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Ask the engine to quit; kill it when it does not."""
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.protocol.quit(), QUIT_TIMEOUT)
+        await self.kill()
+
+    async def new_game(self) -> Optional[str]:
+        """Make sure the engine runs and has seen ``ucinewgame``; an error text when it cannot."""
+        for _ in range(2):
+            if self.protocol is not None and not self.alive:
+                self.stats.crashes += 1  # died between games
+                await self.kill()
+            if self.protocol is None:
+                try:
+                    await self.start()
+                except MatchError as e:
+                    self.stats.disconnects += 1
+                    return f"could not be started: {e}"
+            # ucinewgame and its isready round trip happen before the clock starts
+            # (python-chess's play() is then called with game=None, so it does not repeat them).
+            try:
+                self.protocol.send_line("ucinewgame")
+                await asyncio.wait_for(self.protocol.ping(), READY_TIMEOUT)
+                return None
+            except asyncio.TimeoutError:
+                self.stats.disconnects += 1
+                await self.kill()
+            except chess.engine.EngineError:
+                if self.alive:  # otherwise the next round counts the crash
+                    self.stats.disconnects += 1
+                    await self.kill()
+        return "did not answer `isready` after `ucinewgame`"
+
+    async def play(self, board: chess.Board, limit: chess.engine.Limit, guard: float):
+        """One move. Returns (kind, value, elapsed seconds): ("move", PlayResult), ("hang", None),
+        ("crash", text), ("illegal", text) or ("disconnect", text)."""
+        protocol = self.protocol
+        if protocol is None:
+            return "crash", "the engine is not running", 0.0
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(
+            protocol.play(board, limit, info=chess.engine.INFO_BASIC | chess.engine.INFO_SCORE)
+        )
+        try:
+            done, _ = await asyncio.wait({task}, timeout=guard)
+        except asyncio.CancelledError:  # the match is being stopped
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            raise
+        elapsed = time.monotonic() - t0
+        if not done:
+            await self._kill_with_task(task)
+            return "hang", None, elapsed
+        try:
+            return "move", task.result(), elapsed
+        except chess.engine.EngineTerminatedError as e:
+            code = self.exit_code()
+            await self.kill()
+            return "crash", f"the engine process died (exit code {code})" if code is not None else str(e), elapsed
+        except chess.engine.EngineError as e:
+            cause = e.args[0] if e.args else None
+            if isinstance(cause, ValueError):  # python-chess could not play the move it sent
+                return "illegal", str(cause), elapsed
+            await self.kill()
+            return "disconnect", f"protocol error: {e}", elapsed
+
+    async def _kill_with_task(self, task: asyncio.Future) -> None:
+        transport = self.transport
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.kill()
+        # python-chess fails the command once it sees the process exit; retrieve that.
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(task, KILL_WAIT)
+        if not task.done():
+            task.cancel()
+        await self.kill()
+
+
+# --------------------------------------------------------------------------- games
+
+
+@dataclass
+class GameRecord:
+    """One finished game. Colours: ``engine1_white`` says who had White."""
+
+    index: int  # 0-based game number
+    opening: Opening
+    engine1_white: bool
+    white: str
+    black: str
+    result: str  # "1-0", "0-1", "1/2-1/2"
+    termination: str  # PGN Termination: normal, time forfeit, illegal move, abandoned, adjudication
+    reason: str  # human words: "checkmate", "White lost on time (0.213 s over)", ...
+    moves: list = field(default_factory=list)  # chess.Move played after the opening
+    comments: list = field(default_factory=list)  # one per move ("" for none)
+    seconds: float = 0.0
+
+    def engine1_score(self) -> float:
+        if self.result == "1/2-1/2":
+            return 0.5
+        white_won = self.result == "1-0"
+        return 1.0 if white_won == self.engine1_white else 0.0
+
+
+@dataclass
+class MatchConfig:
+    engine1: EngineSpec
+    engine2: EngineSpec
+    games: int = 20
+    time_control: TimeControl = field(default_factory=lambda: TimeControl(base=10.0, increment=0.1))
+    concurrency: int = 1
+    openings: Optional[list] = None  # list[Opening]; None: the bundled set
+    openings_source: str = ""
+    pgn_path: Optional[str] = None
+    seed: Optional[int] = None
+    adjudicate_moves: int = 300  # draw after this many full moves; 0 = never
+    resign: Optional[tuple] = None  # (centipawns, moves): both engines agree for MOVES moves each
+    time_margin: float = 0.0  # seconds a move may arrive after the clock ran out
+    guard: float = 5.0  # hard wall-clock slack per move beyond the time the engine may use
+    nodes_guard: float = 60.0  # hard wall-clock limit per move with a nodes limit
+    event: str = "cyzero match"
+
+
+@dataclass
+class MatchResult:
+    config: MatchConfig
+    names: tuple  # (engine1 name, engine2 name)
+    games: list  # list[GameRecord], in game order
+    stats: tuple  # (EngineStats, EngineStats)
+    options: tuple  # (dict, dict): options as applied
+    seed: int
+    seconds: float
+    notes: list
+
+
+def _score_text(pov_score: Optional[chess.engine.Score]) -> str:
+    if pov_score is None:
+        return ""
+    mate = pov_score.mate()
+    if mate is not None:
+        return f"+M{mate}" if mate > 0 else f"-M{-mate}"
+    return f"{pov_score.score() / 100:+.2f}"
+
+
+def _side(color: chess.Color) -> str:
+    return "White" if color == chess.WHITE else "Black"
+
+
+class _Match:
+    def __init__(self, config: MatchConfig, progress: Optional[Callable[[str], None]]):
+        self.config = config
+        self.progress = progress
+        self.stats = (EngineStats(), EngineStats())
+        self._notes: list[str] = []
+        self.records: dict[int, GameRecord] = {}
+        self.next_to_append = 0
+        self.wld = [0, 0, 0]
+        self.names = ("engine1", "engine2")
+        self.started = False  # engines up, games under way
+
+    def note(self, text: str) -> None:
+        if text not in self._notes:
+            self._notes.append(text)
+            if self.progress:
+                self.progress(text)
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self, openings: list, seed: int) -> list:
+        order = list(range(len(openings)))
+        random.Random(seed).shuffle(order)
+        games = []
+        for index in range(self.config.games):
+            pair = index // 2
+            opening = openings[order[pair % len(order)]]
+            games.append((index, opening, index % 2 == 0))
+        return games
+
+    # ------------------------------------------------------------------ one game
+
+    def _limit(self, clocks: dict) -> chess.engine.Limit:
+        tc = self.config.time_control
+        if tc.kind == "clock":
+            return chess.engine.Limit(
+                white_clock=max(clocks[chess.WHITE], 0.001),
+                black_clock=max(clocks[chess.BLACK], 0.001),
+                white_inc=tc.increment,
+                black_inc=tc.increment,
+            )
+        if tc.kind == "nodes":
+            return chess.engine.Limit(nodes=tc.nodes)
+        return chess.engine.Limit(time=tc.movetime)
+
+    def _guard(self, clock: float) -> float:
+        tc = self.config.time_control
+        if tc.kind == "clock":
+            return max(clock, 0.0) + self.config.guard
+        if tc.kind == "movetime":
+            return tc.movetime + self.config.guard
+        return self.config.nodes_guard
+
+    async def play_game(self, index: int, opening: Opening, engine1_white: bool, engines: tuple) -> GameRecord:
+        cfg = self.config
+        t_start = time.monotonic()
+        e1, e2 = engines
+        by_color = {chess.WHITE: e1 if engine1_white else e2, chess.BLACK: e2 if engine1_white else e1}
+        white_name = self.names[0] if engine1_white else self.names[1]
+        black_name = self.names[1] if engine1_white else self.names[0]
+        record = GameRecord(index, opening, engine1_white, white_name, black_name, "*", "", "")
+
+        def finish(result: str, termination: str, reason: str) -> GameRecord:
+            record.result, record.termination, record.reason = result, termination, reason
+            record.seconds = time.monotonic() - t_start
+            return record
+
+        def lose(color: chess.Color, termination: str, reason: str) -> GameRecord:
+            return finish("0-1" if color == chess.WHITE else "1-0", termination, reason)
+
+        for color in (chess.WHITE, chess.BLACK):
+            error = await by_color[color].new_game()
+            if error:
+                return lose(color, "abandoned", f"{_side(color)} ({by_color[color].label}) {error}")
+
+        board = opening.board()
+        tc = cfg.time_control
+        clocks = {chess.WHITE: tc.base or 0.0, chess.BLACK: tc.base or 0.0}
+        scores: dict = {chess.WHITE: [], chess.BLACK: []}
+        while True:
+            outcome = board.outcome(claim_draw=True)
+            if outcome is not None:
+                reason = outcome.termination.name.lower().replace("_", " ")
+                return finish(outcome.result(), "normal", reason)
+            if cfg.adjudicate_moves and board.fullmove_number > cfg.adjudicate_moves:
+                return finish("1/2-1/2", "adjudication", f"draw by adjudication after {cfg.adjudicate_moves} moves")
+
+            color = board.turn
+            engine = by_color[color]
+            side = f"{_side(color)} ({engine.label})"
+            kind, value, elapsed = await engine.play(board, self._limit(clocks), self._guard(clocks[color]))
+
+            if kind == "hang":
+                engine.stats.time_forfeits += 1
+                overshoot = elapsed - clocks[color] if tc.kind == "clock" else None
+                if overshoot is not None:
+                    engine.stats.max_overshoot_ms = max(engine.stats.max_overshoot_ms, overshoot * 1000)
+                return self._time_loss(board, color, finish, lose, f"{side} did not move within {elapsed:.1f} s and was stopped")
+            if kind == "crash":
+                engine.stats.crashes += 1
+                return lose(color, "abandoned", f"{side} crashed: {value}")
+            if kind == "disconnect":
+                engine.stats.disconnects += 1
+                return lose(color, "abandoned", f"{side} disconnected: {value}")
+            if kind == "illegal":
+                engine.stats.illegal_moves += 1
+                return lose(color, "illegal move", f"{side} sent an illegal move: {value}")
+
+            result: chess.engine.PlayResult = value
+            move = result.move
+            if move is None or not move or move not in board.legal_moves:
+                engine.stats.illegal_moves += 1
+                what = "no move" if move is None else f"the null move" if not move else f"illegal move {move.uci()}"
+                return lose(color, "illegal move", f"{side} sent {what}")
+
+            if tc.kind == "clock":
+                clocks[color] -= elapsed
+                if clocks[color] < -cfg.time_margin:
+                    overshoot = -clocks[color]
+                    engine.stats.time_forfeits += 1
+                    engine.stats.max_overshoot_ms = max(engine.stats.max_overshoot_ms, overshoot * 1000)
+                    return self._time_loss(
+                        board, color, finish, lose, f"{side} lost on time ({overshoot * 1000:.0f} ms over)"
+                    )
+                clocks[color] += tc.increment
+
+            pov = result.info.get("score")
+            pov = pov.pov(color) if pov is not None else None
+            depth = result.info.get("depth")
+            comment = _score_text(pov)
+            if comment and depth:
+                comment += f"/{depth}"
+            comment = f"{comment} {elapsed:.3f}s".strip()
+            record.moves.append(move)
+            record.comments.append(comment)
+            board.push(move)
+
+            if cfg.resign is not None:
+                scores[color].append(pov.score(mate_score=MATE_SCORE) if pov is not None else None)
+                loser = self._resigns(scores)
+                if loser is not None:
+                    return lose(loser, "adjudication", f"{_side(loser)} resigns by adjudication")
+
+    def _time_loss(self, board, color, finish, lose, reason):
+        if board.has_insufficient_material(not color):
+            return finish("1/2-1/2", "time forfeit", f"{reason}; {_side(not color)} cannot mate: draw")
+        return lose(color, "time forfeit", reason)
+
+    def _resigns(self, scores: dict) -> Optional[chess.Color]:
+        cp, moves = self.config.resign
+        for color in (chess.WHITE, chess.BLACK):
+            mine, theirs = scores[color][-moves:], scores[not color][-moves:]
+            if len(mine) < moves or len(theirs) < moves:
+                continue
+            if all(s is not None and s <= -cp for s in mine) and all(s is not None and s >= cp for s in theirs):
+                return color
+        return None
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def finished(self, record: GameRecord) -> None:
+        self.records[record.index] = record
+        s = record.engine1_score()
+        self.wld[0 if s == 1.0 else 1 if s == 0.0 else 2] += 1
+        if self.progress:
+            w, l, d = self.wld
+            total = self.config.games
+            self.progress(
+                f"[{len(self.records):>{len(str(total))}}/{total}] game {record.index + 1}: "
+                f"{record.white} - {record.black} {record.result} ({record.reason}, "
+                f"{len(record.opening.moves) + len(record.moves)} plies, {record.seconds:.1f} s) | "
+                f"{self.names[0]} +{w} -{l} ={d}"
+            )
+        if self.config.pgn_path:
+            with open(self.config.pgn_path, "a", encoding="utf-8") as f:
+                while self.next_to_append in self.records:
+                    f.write(pgn_text(self.records[self.next_to_append], self.config, self.date))
+                    self.next_to_append += 1
+
+    async def run(self) -> MatchResult:
+        cfg = self.config
+        if cfg.games < 1:
+            raise MatchError(f"--games must be 1 or more, got {cfg.games}")
+        if cfg.concurrency < 1:
+            raise MatchError(f"--concurrency must be 1 or more, got {cfg.concurrency}")
+        openings = cfg.openings if cfg.openings is not None else load_openings()
+        if not openings:
+            raise MatchError("no openings")
+        self.seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
+        schedule = self.schedule(openings, self.seed)
+        self.date = datetime.date.today().strftime("%Y.%m.%d")
+        workers = min(cfg.concurrency, cfg.games)
+        self.t0 = time.monotonic()
+
+        self.pairs = [
+            (
+                _Engine(cfg.engine1, "engine1", self.stats[0], self.note),
+                _Engine(cfg.engine2, "engine2", self.stats[1], self.note),
+            )
+            for _ in range(workers)
+        ]
+        try:
+            # Start every process before the first game, so that a bad command fails at once.
+            engines = [e for pair in self.pairs for e in pair]
+            results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                if isinstance(errors[0], MatchError):
+                    raise errors[0]
+                raise MatchError(f"cannot start the engines: {errors[0]!r}")
+            self.names = _display_names(self.pairs[0], cfg)
+            if cfg.pgn_path:
+                _prepare_output(cfg.pgn_path)
+            self.started = True
+            queue = list(reversed(schedule))
+
+            async def worker(pair):
+                while queue:
+                    index, opening, engine1_white = queue.pop()
+                    record = await self.play_game(index, opening, engine1_white, pair)
+                    self.finished(record)
+
+            await asyncio.gather(*(worker(pair) for pair in self.pairs))
+        finally:
+            await asyncio.gather(*(e.close() for pair in self.pairs for e in pair), return_exceptions=True)
+        return self.result()
+
+    def result(self) -> MatchResult:
+        """The games finished so far; writes the PGN (atomically) when one was asked for."""
+        cfg = self.config
+        games = [self.records[i] for i in sorted(self.records)]
+        if cfg.pgn_path:
+            write_pgn(cfg.pgn_path, games, cfg, self.date)
+        return MatchResult(
+            config=cfg,
+            names=self.names,
+            games=games,
+            stats=self.stats,
+            options=(self.pairs[0][0].applied_options, self.pairs[0][1].applied_options),
+            seed=self.seed,
+            seconds=time.monotonic() - self.t0,
+            notes=list(self._notes),
+        )
+
+
+def _display_names(pair: tuple, cfg: MatchConfig) -> tuple:
+    e1, e2 = pair
+    n1 = cfg.engine1.name or e1.id_name or "engine1"
+    n2 = cfg.engine2.name or e2.id_name or "engine2"
+    if n1 == n2:
+
+        def suffix(engine: _Engine) -> str:
+            opts = ", ".join(f"{k}={v}" for k, v in engine.applied_options.items() if k not in ("UCI_LimitStrength",))
+            return f" ({opts})" if opts else ""
+
+        s1, s2 = suffix(e1), suffix(e2)
+        if s1 == s2:
+            s1, s2 = " #1", " #2"
+        n1, n2 = n1 + s1, n2 + s2
+    return n1, n2
+
+
+def _prepare_output(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise MatchError(f"cannot write PGN {path!r}: no folder {directory!r}")
+    try:
+        open(path, "w", encoding="utf-8").close()
+    except OSError as e:
+        raise MatchError(f"cannot write PGN {path!r}: {e.strerror or e}") from None
+
+
+class MatchInterrupted(Exception):
+    """The match was interrupted (Ctrl-C); ``result`` holds the games finished before, PGN written."""
+
+    def __init__(self, result: MatchResult):
+        super().__init__("interrupted")
+        self.result = result
+
+
+def run_match(config: MatchConfig, progress: Optional[Callable[[str], None]] = None) -> MatchResult:
+    """Play the match (blocking); ``progress`` gets one line per finished game and per note.
+
+    MatchError when it cannot be played; MatchInterrupted on Ctrl-C once games are under way.
+    """
+    match = _Match(config, progress)
+    try:
+        return asyncio.run(match.run())
+    except KeyboardInterrupt:
+        if not match.started:
+            raise
+        raise MatchInterrupted(match.result()) from None
+
+
+# --------------------------------------------------------------------------- PGN
+
+
+def game_to_pgn(record: GameRecord, config: MatchConfig, date: str = "????.??.??") -> chess.pgn.Game:
+    game = chess.pgn.Game()
+    h = game.headers
+    h["Event"] = config.event
+    h["Site"] = "cyzero match"
+    h["Date"] = date
+    h["Round"] = str(record.index + 1)
+    h["White"] = record.white
+    h["Black"] = record.black
+    h["Result"] = record.result
+    opening = record.opening
+    if opening.fen is not None:
+        game.setup(opening.start_board())  # FEN and SetUp tags
+    if opening.eco:
+        h["ECO"] = opening.eco
+    h["Opening"] = opening.name
+    h["TimeControl"] = config.time_control.pgn_tag()
+    if config.time_control.kind != "clock":
+        h["SearchLimit"] = str(config.time_control)
+    h["Termination"] = record.termination
+    h["PlyCount"] = str(len(opening.moves) + len(record.moves))
+    node = game
+    for move in opening.moves:
+        node = node.add_variation(move)
+    if opening.moves:
+        node.comment = "book"
+    for move, comment in zip(record.moves, record.comments):
+        node = node.add_variation(move)
+        node.comment = comment
+    node.comment = f"{node.comment}; {record.reason}" if node.comment else record.reason
+    return game
+
+
+def pgn_text(record: GameRecord, config: MatchConfig, date: str = "????.??.??") -> str:
+    exporter = chess.pgn.StringExporter(headers=True, variations=True, comments=True)
+    return game_to_pgn(record, config, date).accept(exporter) + "\n\n"
+
+
+def write_pgn(path: str, games: Iterable[GameRecord], config: MatchConfig, date: str = "????.??.??") -> None:
+    """Write all games at once: temp file in the same folder, fsync, rename, fsync the folder."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in games:
+                f.write(pgn_text(record, config, date))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _finite(x: Optional[float], digits: int = 1) -> Optional[float]:
+    return None if x is None or math.isinf(x) or math.isnan(x) else round(x, digits)
+
+
+def summary(result: MatchResult) -> dict:
+    """All the numbers of a match as one JSON-ready dict (infinite Elo values are null)."""
+    games = result.games
+    w = sum(1 for g in games if g.engine1_score() == 1.0)
+    l = sum(1 for g in games if g.engine1_score() == 0.0)
+    d = len(games) - w - l
+    st = score_stats(w, l, d)
+
+    def colour(white: bool) -> dict:
+        sub = [g for g in games if g.engine1_white == white]
+        return {
+            "wins": sum(1 for g in sub if g.engine1_score() == 1.0),
+            "losses": sum(1 for g in sub if g.engine1_score() == 0.0),
+            "draws": sum(1 for g in sub if g.engine1_score() == 0.5),
+        }
+
+    terminations: dict = {}
+    for g in games:
+        terminations[g.termination] = terminations.get(g.termination, 0) + 1
+    engines = []
+    for i, spec in enumerate((result.config.engine1, result.config.engine2)):
+        engines.append(
+            {
+                "name": result.names[i],
+                "command": spec.command,
+                "options": {k: v for k, v in result.options[i].items()},
+                **result.stats[i].as_dict(),
+            }
+        )
+    cfg = result.config
+    return {
+        "engine1": engines[0],
+        "engine2": engines[1],
+        "games": len(games),
+        "games_scheduled": cfg.games,
+        "wins": w,
+        "losses": l,
+        "draws": d,
+        "score": None if st.score is None else round(st.score, 4),
+        "score_pct": None if st.score is None else round(100 * st.score, 2),
+        "elo": _finite(st.elo),
+        "elo_ci95": [_finite(st.elo_low), _finite(st.elo_high)],
+        "elo_infinite": None if st.elo is None or not math.isinf(st.elo) else ("+inf" if st.elo > 0 else "-inf"),
+        "los": round(st.los, 4),
+        "engine1_white": colour(True),
+        "engine1_black": colour(False),
+        "terminations": terminations,
+        "time_control": str(cfg.time_control),
+        "concurrency": cfg.concurrency,
+        "openings": cfg.openings_source or str(OPENINGS_PATH),
+        "seed": result.seed,
+        "pgn": cfg.pgn_path,
+        "total_seconds": round(result.seconds, 2),
+        "notes": result.notes,
+    }
+
+
+def _elo_text(x: Optional[float]) -> str:
+    if x is None:
+        return "?"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    return f"{x:+.1f}"
+
+
+def format_summary(result: MatchResult) -> str:
+    s = summary(result)
+    games = result.games
+    w, l, d = s["wins"], s["losses"], s["draws"]
+    st = score_stats(w, l, d)
+    n1, n2 = result.names
+    width = max(len(n1), len(n2), 6)
+    lines = [
+        f"{n1} vs {n2}: {s['games']} games, {s['time_control']}, concurrency {s['concurrency']}, "
+        f"openings {os.path.basename(s['openings'])} (seed {s['seed']})",
+        "",
+        f"{'engine':<{width}}  {'wins':>5} {'losses':>6} {'draws':>5} {'score':>7}",
+    ]
+    for name, (ww, ll) in ((n1, (w, l)), (n2, (l, w))):
+        pct = "?" if not games else f"{100 * (ww + 0.5 * d) / len(games):.1f}%"
+        lines.append(f"{name:<{width}}  {ww:>5} {ll:>6} {d:>5} {pct:>7}")
+    lines += [
+        "",
+        f"Elo difference ({n1} - {n2}): {_elo_text(st.elo)}, 95% interval "
+        f"[{_elo_text(st.elo_low)}, {_elo_text(st.elo_high)}]; LOS {100 * st.los:.1f}%",
+        f"{n1} as White: +{s['engine1_white']['wins']} -{s['engine1_white']['losses']} ={s['engine1_white']['draws']}; "
+        f"as Black: +{s['engine1_black']['wins']} -{s['engine1_black']['losses']} ={s['engine1_black']['draws']}",
+        "",
+        f"{'failures':<{width}}  {'time forfeits':>13} {'illegal moves':>13} {'crashes':>7} {'disconnects':>11} {'restarts':>8}",
+    ]
+    for name, e in ((n1, s["engine1"]), (n2, s["engine2"])):
+        over = f"   (worst overshoot {e['max_overshoot_ms']:.0f} ms)" if e["max_overshoot_ms"] else ""
+        lines.append(
+            f"{name:<{width}}  {e['time_forfeits']:>13} {e['illegal_moves']:>13} {e['crashes']:>7} "
+            f"{e['disconnects']:>11} {e['restarts']:>8}{over}"
+        )
+    terms = ", ".join(f"{k} {v}" for k, v in sorted(s["terminations"].items())) or "none"
+    lines += ["", f"terminations: {terms}", f"total time {s['total_seconds']:.1f} s"]
+    if s["pgn"]:
+        lines.append(f"PGN: {s['pgn']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_resign(text: Optional[str]) -> Optional[tuple]:
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not m or int(m.group(2)) < 1:
+        raise MatchError(f"--resign takes CP:MOVES (e.g. 600:4), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def config_from_args(args: argparse.Namespace) -> MatchConfig:
+    """The match ``engine.cli`` parsed; MatchError for arguments that make no sense."""
+    e1_command = parse_command(args.engine1) if args.engine1 else default_engine_command()
+    e1 = EngineSpec(e1_command, [parse_option(o) for o in args.engine1_option or []], args.engine1_name)
+    if args.engine2:
+        e2_command = parse_command(args.engine2)
+    elif args.stockfish_elo is not None:
+        e2_command = [stockfish_command()]
+    else:
+        raise MatchError("give the opponent with --engine2 CMD or --stockfish-elo ELO")
+    e2_options = [parse_option(o) for o in args.engine2_option or []]
+    clamp = frozenset()
+    if args.stockfish_elo is not None:
+        e2_options += [("UCI_LimitStrength", "true"), ("UCI_Elo", str(args.stockfish_elo))]
+        clamp = frozenset({"UCI_Elo"})
+    e2 = EngineSpec(e2_command, e2_options, args.engine2_name, clamp)
+
+    if args.nodes is not None:
+        if args.nodes < 1:
+            raise MatchError(f"--nodes must be 1 or more, got {args.nodes}")
+        tc = TimeControl(nodes=args.nodes)
+    elif args.movetime is not None:
+        if args.movetime <= 0:
+            raise MatchError(f"--movetime must be above 0 ms, got {args.movetime}")
+        tc = TimeControl(movetime=args.movetime / 1000.0)
+    else:
+        tc = TimeControl.parse(args.tc)
+    for name in ("guard", "nodes_guard", "time_margin"):
+        if getattr(args, name) < 0:
+            raise MatchError(f"--{name.replace('_', '-')} must be 0 or more")
+    if args.adjudicate_moves < 0:
+        raise MatchError("--adjudicate-moves must be 0 (never) or more")
+    openings = load_openings(args.openings) if args.openings else load_openings()
+    return MatchConfig(
+        engine1=e1,
+        engine2=e2,
+        games=args.games,
+        time_control=tc,
+        concurrency=args.concurrency,
+        openings=openings,
+        openings_source=str(args.openings or OPENINGS_PATH),
+        pgn_path=args.pgn,
+        seed=args.seed,
+        adjudicate_moves=args.adjudicate_moves,
+        resign=parse_resign(args.resign),
+        time_margin=args.time_margin / 1000.0,
+        guard=args.guard,
+        nodes_guard=args.nodes_guard,
+        event=args.event,
+    )
+
+
+class _QuietInfoLines(logging.Filter):
+    """Drop python-chess's warnings about ``info`` lines an engine sends outside a search
+    (e.g. ``info string`` while it starts or answers ``isready``): they are legal UCI."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Unexpected engine output: 'info" not in record.getMessage()
+
+
+def main(args: argparse.Namespace) -> int:
+    """``cyzero match``: play, print the summary (or one JSON object with --json)."""
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    quiet = _QuietInfoLines()
+    logger = logging.getLogger("chess.engine")
+    logger.addFilter(quiet)
+    status = 0
+    try:
+        config = config_from_args(args)
+        result = run_match(config, progress)
+    except MatchError as e:
+        print(f"cyzero match: {e}", file=sys.stderr)
+        return 2
+    except MatchInterrupted as e:
+        progress(f"cyzero match: interrupted after {len(e.result.games)} of {e.result.config.games} games")
+        result, status = e.result, 130
+    finally:
+        logger.removeFilter(quiet)
+    if args.json:
+        data = summary(result)
+        data["interrupted"] = status != 0
+        print(json.dumps(data))
+    else:
+        print(format_summary(result))
+    return status

@@ -1,0 +1,408 @@
+"""``cyzero match`` (engine.match): statistics, openings, and matches between real and fake engines.
+
+The fake engines are small Python scripts written to a temporary folder: a
+random mover, and engines that play an illegal move, send no move, never
+answer ``go``, answer too late, or exit on their first ``go``. Each plays a
+short match against the random mover; the runner must record the right
+failure and never fail itself. Stockfish (Debian's, in /usr/games) plays the
+random mover when it is installed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import textwrap
+
+import chess
+import chess.pgn
+import pytest
+
+from engine import cli
+from engine import match as m
+
+pytestmark = pytest.mark.timeout(120)
+
+STOCKFISH = shutil.which("stockfish") or ("/usr/games/stockfish" if os.access("/usr/games/stockfish", os.X_OK) else None)
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="stockfish is not installed (apt-get install stockfish)")
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_all_draws_is_zero_elo_with_a_zero_width_interval():
+    st = m.score_stats(0, 0, 10)
+    assert st.score == 0.5
+    assert st.elo == 0.0
+    assert st.elo_low == 0.0 and st.elo_high == 0.0
+    assert st.los == 0.5
+
+
+def test_a_75_percent_score_is_plus_191_elo():
+    # -400 log10(1/0.75 - 1) = 400 log10(3) = 190.85
+    assert m.elo_from_score(0.75) == pytest.approx(190.85, abs=0.01)
+    assert m.elo_from_score(0.25) == pytest.approx(-190.85, abs=0.01)
+    assert m.elo_from_score(0.5) == 0.0
+    assert m.elo_from_score(1.0) == math.inf and m.elo_from_score(0.0) == -math.inf
+
+
+def test_trinomial_interval_by_hand():
+    # +2 -0 =2: mu = 0.75, var = (2 * 0.25^2 + 2 * 0.25^2) / 4 = 0.0625, se = sqrt(0.0625 / 4) = 0.125,
+    # mu -+ 1.96 se = 0.505 and 0.995 -> -400 log10(1/0.505 - 1) = +3.47, -400 log10(1/0.995 - 1) = +919.54
+    st = m.score_stats(2, 0, 2)
+    assert st.score == 0.75 and st.stderr == pytest.approx(0.125)
+    assert st.elo == pytest.approx(190.85, abs=0.01)
+    assert st.elo_low == pytest.approx(3.47, abs=0.01)
+    assert st.elo_high == pytest.approx(919.54, abs=0.01)
+    # +3 -1 =0: se = sqrt(((3 * 0.25^2 + 0.75^2) / 4) / 4) = 0.2165; the upper bound leaves (0, 1): +inf
+    st = m.score_stats(3, 1, 0)
+    assert st.elo_low == pytest.approx(-126.46, abs=0.01)
+    assert st.elo_high == math.inf
+    assert m.score_stats(0, 0, 0).score is None
+
+
+def test_los_by_hand_and_symmetric():
+    assert m.likelihood_of_superiority(0, 0) == 0.5
+    assert m.likelihood_of_superiority(5, 5) == 0.5
+    # 0.5 (1 + erf(4 / sqrt(8))) = 0.97725
+    assert m.likelihood_of_superiority(4, 0) == pytest.approx(0.97725, abs=1e-5)
+    for w, l in [(4, 0), (7, 3), (10, 12), (1, 0)]:
+        assert m.likelihood_of_superiority(w, l) + m.likelihood_of_superiority(l, w) == pytest.approx(1.0)
+    # draws do not change LOS
+    assert m.score_stats(7, 3, 20).los == m.score_stats(7, 3, 0).los
+
+
+def test_time_control_parsing():
+    assert m.TimeControl.parse("10+0.1") == m.TimeControl(base=10.0, increment=0.1)
+    assert m.TimeControl.parse("60") == m.TimeControl(base=60.0, increment=0.0)
+    assert m.TimeControl.parse("1:30+1") == m.TimeControl(base=90.0, increment=1.0)
+    assert m.TimeControl.parse("10+0.1").pgn_tag() == "10+0.1"
+    assert m.TimeControl(nodes=100).pgn_tag() == "-"
+    for bad in ["", "fast", "10+", "-5", "0+1"]:
+        with pytest.raises(m.MatchError):
+            m.TimeControl.parse(bad)
+
+
+# --------------------------------------------------------------------------- openings
+
+
+def _bundled_lines():
+    for line in m.OPENINGS_PATH.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            yield line
+
+
+def test_every_bundled_opening_is_legal_distinct_and_undecided():
+    # Replay each line with python-chess on its own, independent of the runner's parser.
+    seen = {}
+    lines = list(_bundled_lines())
+    assert len(lines) >= 50
+    for line in lines:
+        eco, name, moves = [f.strip() for f in line.split("|")]
+        assert re.fullmatch(r"[A-E]\d\d", eco), line
+        board = chess.Board()
+        sans = [t for t in moves.split() if not re.fullmatch(r"\d+\.", t)]
+        for san in sans:
+            board.push_san(san)  # raises on an illegal move
+        assert 4 <= len(sans) <= 10, line
+        assert not board.is_game_over(claim_draw=True), line
+        key = board.epd()
+        assert key not in seen, f"{name} reaches the same position as {seen[key]}"
+        seen[key] = name
+    # and the runner reads the same positions
+    openings = m.load_openings()
+    assert len(openings) == len(lines)
+    assert {o.board().epd() for o in openings} == set(seen)
+
+
+def test_bundled_openings_are_varied():
+    openings = m.load_openings()
+    first_moves = {o.moves[0].uci() for o in openings}
+    assert {"e2e4", "d2d4", "c2c4", "g1f3"} <= first_moves
+    assert len({o.eco[0] for o in openings}) == 5  # every ECO volume A..E
+
+
+def test_openings_from_fen_epd_and_pgn(tmp_path):
+    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    text = f'{fen}\nrnbqkbnr/pppppppp/8/8/3P4/8/PPP1PPPP/RNBQKBNR b KQkq - id "queen pawn";\n'
+    ops = m.parse_openings(text)
+    assert [o.fen for o in ops] == [fen, "rnbqkbnr/pppppppp/8/8/3P4/8/PPP1PPPP/RNBQKBNR b KQkq - 0 1"]
+    assert ops[1].name == "queen pawn"
+    pgn = '[Event "x"]\n[Opening "Scandi"]\n\n1. e4 d5 *\n\n[Event "y"]\n[FEN "%s"]\n[SetUp "1"]\n\n3. Bc4 *\n' % fen
+    path = tmp_path / "book.pgn"
+    path.write_text(pgn)
+    ops = m.load_openings(path)
+    assert ops[0].name == "Scandi" and ops[0].fen is None and len(ops[0].moves) == 2
+    assert ops[1].fen == fen and [mv.uci() for mv in ops[1].moves] == ["f1c4"]
+    with pytest.raises(m.MatchError, match="cannot read opening"):
+        m.parse_openings("B00 | nonsense | 1. e4 e5 2. Ke3")
+    with pytest.raises(m.MatchError, match="already decided"):
+        (tmp_path / "mate.txt").write_text("X | mate | 1. f3 e5 2. g4 Qh4#\n")
+        m.load_openings(tmp_path / "mate.txt")
+
+
+# --------------------------------------------------------------------------- fake engines
+
+FAKE_ENGINE = textwrap.dedent(
+    r'''
+    """A fake UCI engine for tests: fake.py MODE [SCORE]."""
+    import os, random, sys, time
+    import chess
+
+    mode = sys.argv[1]
+    score = sys.argv[2] if len(sys.argv) > 2 else None
+    rng = random.Random(os.getpid())
+    board = chess.Board()
+
+    def out(line):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        cmd = words[0]
+        if cmd == "uci":
+            out(f"id name fake-{mode}")
+            out("id author tests")
+            out("option name Noise type spin default 0 min 0 max 10")
+            out("option name Polite type check default false")
+            out("uciok")
+        elif cmd == "isready":
+            out("readyok")
+        elif cmd == "position":
+            if words[1] == "startpos":
+                board = chess.Board()
+                rest = words[2:]
+            else:
+                board = chess.Board(" ".join(words[2:8]))
+                rest = words[8:]
+            if rest and rest[0] == "moves":
+                for uci in rest[1:]:
+                    board.push_uci(uci)
+        elif cmd == "go":
+            if mode == "hang":
+                continue
+            if mode == "crash":
+                sys.exit(3)
+            if mode == "slow":
+                args = dict(zip(words[1::2], words[2::2]))
+                left = int(args["wtime" if board.turn else "btime"]) / 1000
+                time.sleep(left + 0.25)
+            legal = list(board.legal_moves)
+            if mode == "nomove":
+                out("bestmove (none)")
+            elif mode == "illegal":
+                bad = next(chess.Move(a, b) for a in chess.SQUARES for b in chess.SQUARES
+                           if a != b and chess.Move(a, b) not in legal)
+                out(f"bestmove {bad.uci()}")
+            else:
+                if score is not None:
+                    out(f"info depth 1 score cp {score} nodes 1 pv {legal[0].uci()}")
+                out(f"bestmove {rng.choice(legal).uci()}")
+        elif cmd == "quit":
+            break
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    """fake(mode, score=None) -> an engine command string for the fake engine."""
+    path = tmp_path_factory.mktemp("engines") / "fake.py"
+    path.write_text(FAKE_ENGINE)
+
+    def command(mode, score=None):
+        argv = [sys.executable, str(path), mode] + ([str(score)] if score is not None else [])
+        return " ".join(m.shlex.quote(a) for a in argv)
+
+    return command
+
+
+def _config(e1, e2, games=2, tc="2+0", **kw):
+    spec = lambda c, opts=(): m.EngineSpec(m.parse_command(c), list(opts))  # noqa: E731
+    kw.setdefault("seed", 7)
+    kw.setdefault("adjudicate_moves", 40)
+    return m.MatchConfig(
+        engine1=e1 if isinstance(e1, m.EngineSpec) else spec(e1),
+        engine2=e2 if isinstance(e2, m.EngineSpec) else spec(e2),
+        games=games,
+        time_control=tc if isinstance(tc, m.TimeControl) else m.TimeControl.parse(tc),
+        **kw,
+    )
+
+
+def _read_pgn(path):
+    games = []
+    with open(path, encoding="utf-8") as f:
+        while (game := chess.pgn.read_game(f)) is not None:
+            assert not game.errors, game.errors
+            games.append(game)
+    return games
+
+
+def test_random_movers_alternate_colours_and_write_a_pgn_that_parses(fake, tmp_path):
+    pgn = tmp_path / "out.pgn"
+    lines = []
+    result = m.run_match(_config(fake("random"), fake("random"), games=4, concurrency=2, pgn_path=str(pgn)), lines.append)
+    assert len(result.games) == 4
+    assert [g.engine1_white for g in result.games] == [True, False, True, False]
+    assert sum(1 for line in lines if re.match(r"\[\d/4\] game \d", line)) == 4
+    games = _read_pgn(pgn)
+    assert [g.headers["Round"] for g in games] == ["1", "2", "3", "4"]
+    assert [g.headers["Result"] for g in games] == [r.result for r in result.games]
+    for a, b in [(games[0], games[1]), (games[2], games[3])]:  # one opening, colours reversed
+        assert a.headers["Opening"] == b.headers["Opening"]
+        assert (a.headers["White"], a.headers["Black"]) == (b.headers["Black"], b.headers["White"])
+    name1 = result.names[0]
+    assert games[0].headers["White"] == name1 == "fake-random #1"
+    for game, record in zip(games, result.games):
+        assert game.headers["Site"] == "cyzero match"
+        assert game.headers["TimeControl"] == "2+0"
+        assert game.headers["Termination"] in ("normal", "adjudication")
+        moves = list(game.mainline_moves())
+        assert moves == list(record.opening.moves) + record.moves
+        assert int(game.headers["PlyCount"]) == len(moves)
+        board = game.end().board()
+        if game.headers["Termination"] == "normal":
+            assert board.outcome(claim_draw=True).result() == game.headers["Result"]
+        else:
+            assert game.headers["Result"] == "1/2-1/2" and board.fullmove_number == 41
+    assert not [p for p in os.listdir(tmp_path) if p != "out.pgn"]  # no temp file left
+    for stats in result.stats:
+        assert stats.as_dict() == m.EngineStats().as_dict()
+
+
+@pytest.mark.parametrize(
+    "mode, counter, termination",
+    [
+        ("illegal", "illegal_moves", "illegal move"),
+        ("nomove", "illegal_moves", "illegal move"),
+        ("crash", "crashes", "abandoned"),
+        ("hang", "time_forfeits", "time forfeit"),
+        ("slow", "time_forfeits", "time forfeit"),
+    ],
+)
+def test_a_misbehaving_engine_loses_and_is_counted(fake, tmp_path, mode, counter, termination):
+    pgn = tmp_path / "out.pgn"
+    tc = "0.3+0" if mode in ("hang", "slow") else "2+0"
+    result = m.run_match(_config(fake(mode), fake("random"), games=2, tc=tc, guard=0.3, pgn_path=str(pgn)))
+    summary = m.summary(result)
+    assert (summary["wins"], summary["losses"], summary["draws"]) == (0, 2, 0)
+    assert summary["engine1"][counter] == 2
+    for other in ("time_forfeits", "illegal_moves", "crashes", "disconnects"):
+        if other != counter:
+            assert summary["engine1"][other] == 0, other
+        assert summary["engine2"][other] == 0, other
+    assert [g.termination for g in result.games] == [termination] * 2
+    if mode in ("crash", "hang"):
+        assert summary["engine1"]["restarts"] == 1  # killed or dead after game 1, started again for game 2
+    if mode == "slow":
+        assert summary["engine1"]["max_overshoot_ms"] >= 200
+    if mode == "hang":
+        assert all(g.seconds < 3 for g in result.games)
+    games = _read_pgn(pgn)
+    assert [g.headers["Result"] for g in games] == ["0-1", "1-0"]  # engine1 White, then Black
+    assert [g.headers["Termination"] for g in games] == [termination] * 2
+
+
+def test_resign_adjudication(fake):
+    config = _config(fake("random", score=-900), fake("random", score=900), games=2, resign=(500, 3))
+    result = m.run_match(config)
+    assert [g.termination for g in result.games] == ["adjudication"] * 2
+    assert [g.engine1_score() for g in result.games] == [0.0, 0.0]
+    assert all(len(g.moves) == 6 for g in result.games)  # 3 moves each
+
+
+def test_draw_adjudication_after_n_moves(fake):
+    result = m.run_match(_config(fake("random"), fake("random"), games=2, adjudicate_moves=8))
+    for g in result.games:
+        board = g.opening.board()
+        for move in g.moves:
+            board.push(move)
+        assert (g.termination, g.result, g.reason) == ("adjudication", "1/2-1/2", "draw by adjudication after 8 moves")
+        assert board.fullmove_number == 9
+
+
+def test_engine_options_are_checked(fake):
+    spec = m.EngineSpec(m.parse_command(fake("random")), [("noise", "3"), ("Polite", "TRUE")])
+    result = m.run_match(_config(spec, fake("random"), games=1))
+    assert result.options[0] == {"Noise": 3, "Polite": True}
+    for options, message in [
+        ([("Hash", "16")], "has no option 'Hash'"),
+        ([("Noise", "11")], r"outside the engine's range 0\.\.10"),
+        ([("Polite", "maybe")], "true or false"),
+    ]:
+        spec = m.EngineSpec(m.parse_command(fake("random")), options)
+        with pytest.raises(m.MatchError, match=message):
+            m.run_match(_config(spec, fake("random"), games=1))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_cli_json_is_the_only_thing_on_stdout(fake, tmp_path, capsys):
+    pgn = tmp_path / "cli.pgn"
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("illegal"), "--games", "2"]
+    argv += ["--tc", "2+0.01", "--pgn", str(pgn), "--seed", "3", "--adjudicate-moves", "30", "--json"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # one object and nothing else
+    assert captured.out.strip().count("\n") == 0
+    assert (data["games"], data["wins"], data["losses"], data["draws"]) == (2, 2, 0, 0)
+    assert data["engine2"]["illegal_moves"] == 2 and data["engine1"]["illegal_moves"] == 0
+    assert data["elo"] is None and data["elo_infinite"] == "+inf"
+    assert data["los"] == pytest.approx(0.9214, abs=1e-4)
+    assert data["seed"] == 3 and data["time_control"] == "2+0.01"
+    for key in ["score", "score_pct", "elo_ci95", "total_seconds", "terminations", "engine1_white"]:
+        assert key in data
+    assert len(_read_pgn(pgn)) == 2
+    assert "[2/2]" in captured.err
+
+
+def test_cli_prints_a_readable_table(fake, capsys):
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("random"), "--games", "2", "--nodes", "1"]
+    assert cli.main(argv + ["--adjudicate-moves", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "Elo difference" in out and "LOS" in out and "time forfeits" in out
+
+
+def test_cli_errors_are_one_line_and_status_2(fake, capsys):
+    cases = [
+        (["--engine1", "/nonexistent/engine", "--engine2", fake("random")], "cannot start"),
+        (["--engine1", fake("random"), "--engine2", fake("random"), "--engine2-option", "Hash"], "NAME=VALUE"),
+        (["--engine1", fake("random"), "--engine2", fake("random"), "--tc", "soon"], "time control"),
+        (["--engine1", fake("random")], "--engine2"),
+        (["--engine1", fake("random"), "--engine2", fake("random"), "--games", "0"], "--games"),
+        (["--engine1", fake("crash"), "--engine2", "'unclosed"], "cannot parse"),
+    ]
+    for argv, message in cases:
+        assert cli.main(["match", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("cyzero match: ") and message in err, err
+
+
+# --------------------------------------------------------------------------- stockfish
+
+
+@needs_stockfish
+def test_stockfish_at_its_lowest_elo_beats_the_random_mover_cleanly(fake, capsys):
+    argv = ["match", "--engine1", fake("random"), "--stockfish-elo", "0", "--games", "2", "--tc", "1+0.05"]
+    argv += ["--engine2-option", "Move Overhead=50", "--concurrency", "2", "--adjudicate-moves", "150", "--json"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    sf = data["engine2"]
+    assert sf["name"].startswith("Stockfish")
+    assert sf["options"]["UCI_LimitStrength"] is True
+    assert "UCI_Elo" in sf["options"] and sf["options"]["UCI_Elo"] >= 1320  # clamped up from 0
+    assert "using" in captured.err and "UCI_Elo" in captured.err
+    assert data["games"] == 2 and data["wins"] == 0  # the random mover never beats it
+    for key in ("time_forfeits", "illegal_moves", "crashes", "disconnects"):
+        assert sf[key] == 0, key
