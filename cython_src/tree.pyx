@@ -1109,7 +1109,45 @@ cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noe
     return 0
 
 
+cdef struct Held:
+    uint32_t* data           # collided paths, each stored as [depth, node 0 .. node depth]
+    uint32_t size
+    uint32_t cap
+
+
+cdef void _hold(TreeCore* t, Held* held, const uint32_t* path, int depth) noexcept nogil:
+    """Keep a collided path's in-flight marks until the gather ends (as lc0 does), so that the
+    next selections see it as busy and spread out; cancel at once if there is no memory."""
+    cdef void* grown
+    if held.size + depth + 2 > held.cap:
+        grown = realloc(held.data, 2 * (held.cap + depth + 2) * sizeof(uint32_t))
+        if grown == NULL:
+            _cancel(t, path, depth)
+            return
+        held.data = <uint32_t*>grown
+        held.cap = 2 * (held.cap + depth + 2)
+    held.data[held.size] = depth
+    memcpy(&held.data[held.size + 1], path, (depth + 1) * sizeof(uint32_t))
+    held.size += depth + 2
+
+
 cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexcept nogil:
+    """Gather up to ``max_leaves`` network requests; collided paths are released at the end."""
+    cdef Held held
+    held.data = NULL
+    held.size = 0
+    held.cap = 0
+    cdef int added = _gather_paths(t, batch, max_leaves, max_visits, &held)
+    cdef uint32_t i = 0, depth
+    while i < held.size:
+        depth = held.data[i]
+        _cancel(t, &held.data[i + 1], depth)
+        i += depth + 2
+    free(held.data)
+    return added
+
+
+cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits, Held* held) noexcept nogil:
     cdef int added = 0, visits = 0, collisions = 0, depth, n, edge, i
     cdef uint32_t path[MAX_PATH + 1]
     cdef uint32_t ni, child
@@ -1119,7 +1157,7 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
     cdef float priors[MAX_MOVES]
     cdef CacheEntry* ce
     cdef uint64_t key
-    cdef int max_collisions = max_leaves if max_leaves > 16 else 16
+    cdef int max_collisions = 4 * max_leaves if max_leaves > 16 else 64
     cdef int ooo = 0
     cdef int max_ooo = (max_leaves * 12) // 5 if max_leaves > 1 else 2
     cdef Leaf* lf
@@ -1159,7 +1197,7 @@ cdef int _gather(TreeCore* t, Batch batch, int max_leaves, int max_visits) noexc
                 ni = child
                 continue
             if node.flags & NODE_PENDING:
-                _cancel(t, path, depth)
+                _hold(t, held, path, depth)
                 collisions += 1
                 t.collisions += 1
                 break
