@@ -40,7 +40,9 @@ $(STAMP): setup.py pyproject.toml $(TORCH_SPEC)
 			$(PIP) install --force-reinstall --no-deps onnxruntime-gpu; \
 		fi; \
 	fi
-	$(PIP) install -e '.[train,dev]'
+	@# The build needs Cython and numpy in the venv itself: `make build` compiles in place.
+	$(PIP) install 'cython>=3.0' numpy setuptools wheel
+	$(PIP) install --no-build-isolation -e '.[train,dev]'
 	touch $@
 
 # Always run: Cython and the compiler only redo what changed.
