@@ -27,13 +27,22 @@ Registered so far:
     playouts/s of the Cython MCTS (``engine.tree``) against a plain-Python
     PUCT search on python-chess (``engine.puct_reference``: Node objects with
     dicts of children, Board push/pop, legal moves per expansion, one playout
-    at a time), both with the null evaluator (uniform policy, a draw), each
-    for the same time (alternating in half-second slices) from the start
-    position and two middlegames.  The
-    Cython tree gathers batches of leaves and encodes every leaf's 112 input
-    planes, as the real search must; the Python search encodes nothing.
-    Also reported: the same ratio with the Cython tree held to the size the
-    Python tree reached (repeated fresh searches), and bytes per node.
+    at a time), both with the null evaluator (uniform policy, a draw), from
+    the start position and two middlegames.  The headline ratio is equal
+    work: Cython searches as large as the Python search got, writing no input
+    planes (neither side needs them with a null evaluator).  Also reported:
+    one Cython search growing for the whole time and encoding every leaf's
+    planes, and bytes per node.
+
+``search``
+    engine nodes/s with the bundled network (the whole search loop: gather,
+    evaluate, backup, callbacks) next to the raw ``evaluate`` throughput at
+    the same batch size, alternating in one run; ``efficiency`` is their
+    ratio, and bytes per node of the trees built.
+
+``uci``
+    protocol latencies over pipes (``stop`` to ``bestmove``, ``isready``
+    during a search, start to ``uciok``, ``go movetime`` overshoot).
 """
 
 from __future__ import annotations
@@ -918,4 +927,396 @@ def bench_tree(args: argparse.Namespace) -> int:
         f"(up to {summary['bytes_per_node_max']:.1f}: a node with more legal moves has more edges); "
         f"{summary['wall_seconds']:.1f} s"
     )
+    return 0
+
+
+# --------------------------------------------------------------------------- uci
+#
+# ``uci``: the UCI front end's latencies, measured on real engine processes over pipes, as a
+# GUI sees them.  Times are taken in this process with time.perf_counter() right after a line
+# is written to the engine's stdin and right after the answer is read from its stdout (a
+# blocking read, no reader thread in between).
+
+UCI_MOVETIMES = (50, 100, 200, 300)
+UCI_TARGETS_MS = {"stop": 5.0, "isready": 5.0, "uciok": 500.0, "movetime_overshoot": 20.0}
+UCI_POSITIONS = (
+    "position startpos",
+    "position startpos moves e2e4 e7e5 g1f3 b8c6 f1b5 a7a6",
+    "position fen r1bq1rk1/pp2bppp/2n1pn2/2pp4/3P4/2PBPN2/PP1N1PPP/R1BQ1RK1 w - - 0 8",
+    "position fen 8/5pk1/6p1/8/3R4/6P1/5PK1/8 b - - 0 40",
+)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), interpolated linearly between the closest ranks."""
+    data = sorted(values)
+    if not data:
+        return float("nan")
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def _summary_ms(values_s: list[float]) -> dict:
+    ms = [v * 1000.0 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(_percentile(ms, 50), 3),
+        "p99_ms": round(_percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3) if ms else float("nan"),
+    }
+
+
+class _UciProcess:
+    """One engine process on pipes, read line by line on the calling thread."""
+
+    def __init__(self, command: list[str], stderr) -> None:
+        import subprocess
+
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=stderr, bufsize=0)
+        self._out = self.proc.stdout
+
+    def send(self, line: str) -> float:
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        return time.perf_counter()
+
+    def read_until(self, word: str, timeout: float = 60.0) -> tuple[float, str]:
+        """(time read, line) of the next line starting with ``word``."""
+        import select
+
+        deadline = time.perf_counter() + timeout
+        buffered = getattr(self, "_pending", b"")
+        while True:
+            while b"\n" in buffered:
+                raw, buffered = buffered.split(b"\n", 1)
+                line = raw.decode("utf-8", "replace").strip()
+                if line == word or line.startswith(word + " "):
+                    self._pending = buffered
+                    return time.perf_counter(), line
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise BenchError(f"no {word!r} from the engine within {timeout:g} s")
+            ready, _, _ = select.select([self._out], [], [], left)
+            if ready:
+                chunk = os.read(self._out.fileno(), 1 << 16)
+                if not chunk:
+                    raise BenchError(f"the engine exited (status {self.proc.poll()}) while we waited for {word!r}")
+                buffered += chunk
+
+    def close(self) -> None:
+        import subprocess
+
+        try:
+            self.send("quit")
+            self.proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _uci_command(args: argparse.Namespace) -> list[str]:
+    import shlex
+
+    if args.engine_command:
+        return shlex.split(args.engine_command)
+    # What the `cyzero` console script runs (engine.cli -> uci), with this interpreter.
+    return [sys.executable, "-m", "engine.cli"]
+
+
+def _add_uci_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+    parser.add_argument("--trials", type=int, default=200, metavar="N",
+                        help="stop/isready trials and go movetime trials, each (default 200)")
+    parser.add_argument("--starts", type=int, default=20, metavar="K",
+                        help="fresh processes timed from start to uciok (default 20)")
+    parser.add_argument("--movetimes", type=_batch_list, default=UCI_MOVETIMES, metavar="MS,MS,...",
+                        help="go movetime values, used in turn (default "
+                        + ",".join(map(str, UCI_MOVETIMES)) + ")")
+    parser.add_argument("--backend", choices=("auto", "cpu", "cuda", "tensorrt"), default="cpu",
+                        help="the engine's Backend option (default cpu)")
+    parser.add_argument("--threads", type=int, default=None, metavar="T",
+                        help="the engine's Threads option (default: its own default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random delays and positions")
+    parser.add_argument("--engine", dest="engine_command", default=None, metavar="COMMAND",
+                        help="engine command line (default: this Python running engine.cli, i.e. cyzero)")
+
+
+def _uci_configure(engine: _UciProcess, args: argparse.Namespace) -> None:
+    engine.send("uci")
+    engine.read_until("uciok")
+    engine.send(f"setoption name Backend value {args.backend}")
+    engine.send("setoption name Move Overhead value 0")
+    if args.threads is not None:
+        engine.send(f"setoption name Threads value {args.threads}")
+    engine.send("isready")
+    engine.read_until("readyok", timeout=600)      # loads the network (TensorRT may build an engine)
+    engine.send("ucinewgame")
+    engine.send(UCI_POSITIONS[0])
+    engine.send("go nodes 50")                      # warm up: the first search pays one-time costs
+    engine.read_until("bestmove")
+
+
+@register(
+    "uci",
+    "UCI latencies over pipes: stop -> bestmove, isready during a search, start -> uciok, movetime overshoot",
+    _add_uci_arguments,
+)
+def bench_uci(args: argparse.Namespace) -> int:
+    import random
+    import tempfile
+
+    if args.trials < 1 or args.starts < 1:
+        raise BenchError("--trials and --starts must be at least 1")
+    command = _uci_command(args)
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    say = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+
+    with tempfile.TemporaryFile() as stderr:
+        def failed(engine: _UciProcess, error: BenchError) -> BenchError:
+            stderr.seek(0)
+            tail = stderr.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+            return BenchError(f"{error}" + (f"; engine stderr: {' | '.join(tail)}" if tail else ""))
+
+        # 1. Start-up: process start -> uciok, fresh processes.
+        say(f"timing {args.starts} fresh starts to uciok ...")
+        uciok = []
+        for _ in range(args.starts):
+            engine = _UciProcess(command, stderr)
+            try:
+                engine.send("uci")
+                when, _ = engine.read_until("uciok", timeout=60)
+                uciok.append(when - engine.started)
+            except BenchError as e:
+                raise failed(engine, e) from None
+            finally:
+                engine.close()
+
+        engine = _UciProcess(command, stderr)
+        try:
+            _uci_configure(engine, args)
+            # 2. During go infinite: isready -> readyok, then stop -> bestmove.
+            say(f"{args.trials} go infinite searches: isready, then stop, after random delays ...")
+            stop, isready = [], []
+            for _ in range(args.trials):
+                engine.send(rng.choice(UCI_POSITIONS))
+                engine.send("go infinite")
+                time.sleep(rng.uniform(0.02, 0.12))
+                sent = engine.send("isready")
+                got, _ = engine.read_until("readyok")
+                isready.append(got - sent)
+                time.sleep(rng.uniform(0.005, 0.05))
+                sent = engine.send("stop")
+                got, _ = engine.read_until("bestmove")
+                stop.append(got - sent)
+            # 3. go movetime N: time to bestmove minus N.
+            say(f"{args.trials} go movetime searches ({', '.join(map(str, args.movetimes))} ms) ...")
+            overshoot: dict[int, list[float]] = {n: [] for n in args.movetimes}
+            for i in range(args.trials):
+                n = args.movetimes[i % len(args.movetimes)]
+                engine.send(rng.choice(UCI_POSITIONS))
+                sent = engine.send(f"go movetime {n}")
+                got, _ = engine.read_until("bestmove")
+                overshoot[n].append(got - sent - n / 1000.0)
+        except BenchError as e:
+            raise failed(engine, e) from None
+        finally:
+            engine.close()
+
+    all_overshoot = [v for values in overshoot.values() for v in values]
+    results = {
+        "stop": _summary_ms(stop),
+        "isready": _summary_ms(isready),
+        "uciok": _summary_ms(uciok),
+        "movetime_overshoot": _summary_ms(all_overshoot),
+    }
+    results["movetime_overshoot"]["min_ms"] = round(min(all_overshoot) * 1000.0, 3)
+    results["movetime_overshoot"]["by_movetime"] = {str(n): _summary_ms(v) for n, v in overshoot.items()}
+    met = {key: results[key]["p99_ms"] < target for key, target in UCI_TARGETS_MS.items()}
+    summary = {
+        "benchmark": "uci",
+        "command": command,
+        "backend": args.backend,
+        "threads": args.threads,
+        "move_overhead_ms": 0,
+        "trials": args.trials,
+        "starts": args.starts,
+        "movetimes": list(args.movetimes),
+        "results": results,
+        "targets_p99_ms": UCI_TARGETS_MS,
+        "targets_met": met,
+        "all_targets_met": all(met.values()),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "environment": {**_environment(), "cpu_count": os.cpu_count()},
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    labels = {
+        "stop": "stop -> bestmove (go infinite)",
+        "isready": "isready -> readyok (searching)",
+        "uciok": "process start -> uciok",
+        "movetime_overshoot": "go movetime N: bestmove - N",
+    }
+    print(f"engine: {' '.join(command)}; Backend {args.backend}, Move Overhead 0"
+          + (f", Threads {args.threads}" if args.threads is not None else ""))
+    print(f"{'measurement':<34}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  {'target':<14}{'met':>4}")
+    for key, label in labels.items():
+        r = results[key]
+        target = f"p99 < {UCI_TARGETS_MS[key]:g} ms"
+        print(f"{label:<34}{r['n']:>6}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}{r['max_ms']:>10.2f}  "
+              f"{target:<14}{'yes' if met[key] else 'NO':>4}")
+    for n, r in results["movetime_overshoot"]["by_movetime"].items():
+        print(f"  {'movetime ' + n + ' ms':<32}{r['n']:>6}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}{r['max_ms']:>10.2f}")
+    missed = [labels[k] for k, ok in met.items() if not ok]
+    print(f"targets met: {sum(met.values())} of {len(met)}"
+          + (f" (missed: {'; '.join(missed)})" if missed else "")
+          + f"; {summary['wall_seconds']:.1f} s")
+    return 0
+
+
+# --------------------------------------------------------------------------- search
+
+
+SEARCH_BATCH = 256
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    _json_and_seconds(parser, 3.0, "search and raw-evaluate measurement per position")
+    parser.add_argument("--batch", type=int, default=SEARCH_BATCH, metavar="B",
+                        help=f"MinibatchSize of the search and the raw batch (default {SEARCH_BATCH})")
+    parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"),
+                        help="ONNX Runtime backend (default auto)")
+    parser.add_argument("--net", default=None, metavar="PATH",
+                        help="network to use (default: the bundled default.onnx)")
+
+
+class _CountingNetwork:
+    """Wraps a network to count positions, calls and seconds spent inside evaluate."""
+
+    def __init__(self, net) -> None:
+        self.net = net
+        self.positions = 0
+        self.calls = 0
+        self.seconds = 0.0
+
+    def evaluate(self, planes):
+        start = time.perf_counter()
+        result = self.net.evaluate(planes)
+        self.seconds += time.perf_counter() - start
+        self.positions += len(planes)
+        self.calls += 1
+        return result
+
+
+def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float]:
+    """One fresh search of ``seconds``: (playouts, wall seconds, bytes per node)."""
+    import threading
+
+    from engine.board import Board
+    from engine.search import GoParams
+
+    done = threading.Event()
+    searcher.new_game()
+    start = time.perf_counter()
+    searcher.start(Board(fen), GoParams(movetime=int(seconds * 1000)), lambda info: None,
+                   lambda result: done.set())
+    if not done.wait(seconds + 30):
+        searcher.stop()
+        raise BenchError(f"{fen}: the search did not return a best move")
+    elapsed = time.perf_counter() - start
+    searcher.wait()
+    return searcher.tree.playouts, elapsed, searcher.tree.bytes_per_node
+
+
+@register(
+    "search",
+    "engine nodes/s with the bundled network next to raw evaluate throughput at the same batch",
+    _add_search_arguments,
+)
+def bench_search(args: argparse.Namespace) -> int:
+    """Search nodes/s over fixed positions against the network's own positions/s at the
+    search's MinibatchSize, measured alternately in one run; ``efficiency`` is their ratio."""
+    import numpy as np
+
+    from engine.network import Network
+    from engine.search import Searcher, SearchOptions
+    from engine.timeman import TimeManager
+    from engine.weights import default_weights_path
+
+    if args.batch < 1:
+        raise BenchError(f"--batch must be 1 or more, got {args.batch}")
+    started = time.perf_counter()
+    notes = []
+    net = Network(args.net or default_weights_path(), backend=args.backend, max_batch=args.batch,
+                  log=notes.append)
+    counted = _CountingNetwork(net)
+    # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
+    searcher = Searcher(lambda: counted, SearchOptions(minibatch_size=args.batch, smart_pruning_factor=0.0),
+                        TimeManager(move_overhead_ms=0, safety_ms=0))
+    planes, _ = _nn_inputs(args.batch)
+    policy = np.empty((args.batch, 1858), np.float32)
+    wdl = np.empty((args.batch, 3), np.float32)
+    mlh = np.empty((args.batch,), np.float32) if net.has_mlh else None
+    if not args.json:
+        for line in notes:
+            print(line)
+        print(f"network: {net.description}; batch {args.batch}")
+        print()
+        print(f"{'position':<12}{'search nodes/s':>16}{'raw pos/s':>12}{'efficiency':>12}"
+              f"{'mean batch':>12}{'bytes/node':>12}")
+    positions = []
+    half = max(0.25, args.seconds / 2)
+    for name, fen in TREE_POSITIONS:
+        raw_positions, raw_seconds = 0, 0.0
+        search_nodes, search_seconds, bytes_per_node = 0, 0.0, 0.0
+        calls_before, positions_before = counted.calls, counted.positions
+        for _ in range(2):  # alternate, so that a change in the machine's load hits both alike
+            runs, secs = _time_slice(net, planes, (policy, wdl, mlh), half)
+            raw_positions += runs * args.batch
+            raw_seconds += secs
+            nodes, secs, bytes_per_node = _timed_search(searcher, fen, half)
+            search_nodes += nodes
+            search_seconds += secs
+        calls = counted.calls - calls_before
+        result = {
+            "name": name,
+            "fen": fen,
+            "search_nodes_per_s": round(search_nodes / search_seconds, 1),
+            "raw_positions_per_s": round(raw_positions / raw_seconds, 1),
+            "mean_batch": round((counted.positions - positions_before) / calls, 1) if calls else 0.0,
+            "bytes_per_node": round(bytes_per_node, 2),
+        }
+        result["efficiency"] = round(result["search_nodes_per_s"] / result["raw_positions_per_s"], 4)
+        positions.append(result)
+        if not args.json:
+            print(f"{name:<12}{_fmt_int(result['search_nodes_per_s']):>16}"
+                  f"{_fmt_int(result['raw_positions_per_s']):>12}{result['efficiency']:>11.1%}"
+                  f"{result['mean_batch']:>12.1f}{result['bytes_per_node']:>12.1f}", flush=True)
+    search_nps = sum(p["search_nodes_per_s"] for p in positions) / len(positions)
+    raw_pps = sum(p["raw_positions_per_s"] for p in positions) / len(positions)
+    summary = {
+        "benchmark": "search",
+        "efficiency": round(search_nps / raw_pps, 4),
+        "search_nodes_per_s": round(search_nps, 1),
+        "raw_positions_per_s": round(raw_pps, 1),
+        "bytes_per_node": round(sum(p["bytes_per_node"] for p in positions) / len(positions), 2),
+        "batch": args.batch,
+        "provider": net.provider,
+        "network": net.description,
+        "positions": positions,
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "environment": {**_environment(), "cpu_count": os.cpu_count()},
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print()
+    print(f"total: search {_fmt_int(search_nps)} nodes/s, raw evaluate {_fmt_int(raw_pps)} positions/s "
+          f"at batch {args.batch}: efficiency {summary['efficiency']:.1%} (target >= 90%); "
+          f"{summary['bytes_per_node']:.1f} bytes per node; {summary['wall_seconds']:.1f} s")
     return 0
