@@ -109,6 +109,7 @@ class SearchOptions:
     max_tree_bytes: int = 0                     # 0: no limit
     tree_params: dict = field(default_factory=dict)  # names from engine.tree.DEFAULTS
     info_interval_s: float = 1.0
+    temperature: float = 0.0                    # > 0: play a move drawn by visits^(1/T)
 
 
 class Searcher:
@@ -133,13 +134,19 @@ class Searcher:
         self._ponderhit = threading.Event()
         self._done_lock = threading.Lock()
         self._done = True
+        self._generation = 0             # counts the go commands; a search acts only for its own
+        self._positioned = -1            # the generation whose position the tree holds
         self._on_info: Callable[[Info], None] = lambda info: None
         self._on_best: Callable[[SearchResult], None] = lambda result: None
-        self._start = 0.0
+        self._start = 0.0                # the budget counts from here (the go, or the ponderhit)
+        self._go_start = 0.0             # when the go arrived: info time and nps count from here
         self._budget: Optional[Budget] = None
         self._go = GoParams()
         self._board = Board()
         self._watchdog: Optional[threading.Timer] = None
+        self._batch: Optional[Batch] = None
+        self._inflight: Optional[Batch] = None   # the batch at the network now (tree lock)
+        self._snapshot: Optional[tuple[str, Optional[str]]] = None   # (best, ponder) as last reported
         self.log: Callable[[str], None] = lambda text: None   # diagnostics (UCI: info string)
 
     # -- configuration -------------------------------------------------------
@@ -186,20 +193,59 @@ class Searcher:
         counts from then. Exactly one ``on_bestmove`` call follows, unless the
         search is stopped through :meth:`stop` (which then makes it) or
         :meth:`abort`.
+
+        The caller's thread never waits here for the previous search's thread
+        (a stopped search still finishes the network batch in flight, one batch
+        time: tens of ms on a CPU): that batch is dropped from the tree at once,
+        the tree gets the new position, and the new search thread waits for the
+        old one before it evaluates anything, so that the UCI reader stays free
+        to answer ``isready`` and ``stop`` at once.  Each search has its own stop
+        event and generation, so the previous thread can neither report for nor
+        stop the new search.
         """
-        self.wait()
-        self._start = time.monotonic() if start_time is None else start_time
-        self._go = go
-        self._board = board
-        self._on_info = on_info
-        self._on_best = on_bestmove
-        self._stop.clear()
-        self._ponderhit.clear()
-        self._budget = self.timeman.budget(go, board.turn, board.ply())
+        if self.searching:
+            self.stop()             # one bestmove per go: the running search reports first
+        previous = self._thread
+        started = time.monotonic() if start_time is None else start_time
+        if go.searchmoves:
+            # Only legal moves restrict the root; naming none (e.g. ``searchmoves 0000``) restricts
+            # nothing. Left unfiltered, a list of only illegal moves made the tree select nothing
+            # (a search that never reached its node limit) and a one-word list stop at once.
+            legal = [m for m in go.searchmoves if board.is_legal(m)]
+            if len(legal) != len(go.searchmoves):
+                dropped = " ".join(m for m in go.searchmoves if m not in legal)
+                self.log(f"searchmoves: ignoring {dropped} (not legal here)"
+                         + ("" if legal else "; searching all moves"))
+            go = replace(go, searchmoves=legal)
+        # Under _done_lock: the previous search may be reporting its best move right now (its
+        # _finish holds the lock), and must do so with its own position and limits.
         with self._done_lock:
+            self._start = self._go_start = started
+            self._go = go
+            self._board = board
+            self._on_info = on_info
+            self._on_best = on_bestmove
+            self._stop = stop = threading.Event()
+            self._ponderhit = threading.Event()
+            self._budget = self.timeman.budget(go, board.turn, board.ply())
+            self._generation += 1
+            generation = self._generation
             self._done = False
-        self._arm_watchdog()
-        self._thread = threading.Thread(target=self._run, name="cyzero-search", daemon=True)
+            self._snapshot = None
+            # The tree holds the new position before anything can stop this search: a stop (or a
+            # watchdog firing at once on an empty clock) would otherwise report the previous
+            # position's best move. The previous search's leaves at the network are dropped first
+            # (its thread discards the results), since they point into the old tree.
+            with self._tree_lock:
+                if self._inflight is not None:
+                    self._inflight.clear()
+                    self._inflight = None
+                self.tree.set_position(board)
+                self.tree.set_searchmoves(go.searchmoves)
+                self._positioned = generation
+            self._arm_watchdog()
+        self._thread = threading.Thread(target=self._run, args=(previous, stop, generation),
+                                        name="cyzero-search", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -224,20 +270,31 @@ class Searcher:
         self._ponderhit.set()
 
     def wait(self, timeout: Optional[float] = None) -> None:
-        """Block until the search thread has ended."""
+        """Block until the search thread (and so every earlier one) has ended."""
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     # -- the thread ----------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, previous: Optional[threading.Thread], stop: threading.Event, generation: int) -> None:
         try:
-            self._search()
+            if previous is not None:
+                previous.join()     # it was stopped; it may still be waiting for its network batch
+            if not stop.is_set():
+                self._search(stop)
         except Exception as exc:  # never leave a go without a bestmove
             self.log(f"error: search failed: {type(exc).__name__}: {exc}")
         finally:
-            self._finish()
+            self._finish(generation)
+
+    def _stop_generation(self, generation: int) -> None:
+        """The watchdog: stop search ``generation`` if it is still the current one."""
+        with self._done_lock:
+            if generation != self._generation or self._done:
+                return
+            self._stop.set()
+        self._finish(generation)
 
     def _arm_watchdog(self) -> None:
         """Stop at the hard deadline even while a network batch is in flight."""
@@ -248,32 +305,41 @@ class Searcher:
         if budget is None or budget.infinite:
             return
         delay = max(0.0, self._start + budget.hard_ms / 1000.0 - time.monotonic())
-        self._watchdog = threading.Timer(delay, self.stop)
+        self._watchdog = threading.Timer(delay, self._stop_generation, args=(self._generation,))
         self._watchdog.daemon = True
         self._watchdog.start()
 
-    def _search(self) -> None:
+    def _search(self, stop: threading.Event) -> None:
+        ponderhit = self._ponderhit
         network = self._network()
-        with self._tree_lock:
-            self.tree.set_position(self._board)
-            self.tree.set_searchmoves(self._go.searchmoves)
         root_moves = len(self._board.legal_moves())
         if not root_moves:
+            # No move to play; still, go infinite / go ponder end only at stop (or ponderhit).
+            while self._budget.until_stop and not stop.is_set() and not ponderhit.is_set():
+                stop.wait(0.005)
             return
-        batch = Batch(max(1, self.options.minibatch_size))
+        # One batch kept across searches: a new 7 MB planes buffer per go cost time, and, freed on
+        # a different short-lived search thread each time, left memory behind in glibc's
+        # per-thread arenas (RSS crept up over hundreds of games).
+        size = max(1, self.options.minibatch_size)
+        batch = self._batch
+        if batch is None or batch.capacity != size or len(batch):
+            batch = self._batch = Batch(size)
         last_info = time.monotonic()
         last_best = None
-        while not self._stop.is_set():
+        while not stop.is_set():
             with self._tree_lock:
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 self.tree.gather(batch)
+                self._inflight = batch if len(batch) else None
             if len(batch):
                 policy, wdl, mlh = network.evaluate(batch.planes[:len(batch)])
             with self._tree_lock:
-                if self._stop.is_set():
-                    batch.clear()
+                if stop.is_set():
+                    batch.clear()   # a no-op when a new search already dropped it
                     return
+                self._inflight = None
                 if len(batch):
                     batch.backup(policy, wdl, mlh)
                 best = self.tree.best_move()
@@ -281,18 +347,21 @@ class Searcher:
                 if best != last_best or now - last_info >= self.options.info_interval_s:
                     last_best = best
                     last_info = now
-                    self._on_info(self.info())
+                    info = self.info()
+                    self._on_info(info)
+                    pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
+                    self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
                 done = self._should_stop(now, root_moves)
             if done:
                 if not self._budget.until_stop:
                     return
                 # go infinite / go ponder: only stop (or ponderhit) ends the search.
-                while not self._stop.is_set() and not self._ponderhit.is_set():
-                    self._stop.wait(0.005)
-                if self._stop.is_set():
+                while not stop.is_set() and not ponderhit.is_set():
+                    stop.wait(0.005)
+                if stop.is_set():
                     return
-            if self._ponderhit.is_set():
-                self._ponderhit.clear()
+            if ponderhit.is_set():
+                ponderhit.clear()
 
     def _should_stop(self, now: float, root_moves: int) -> bool:
         budget = self._budget
@@ -328,23 +397,34 @@ class Searcher:
             return True
         return children[0]["n"] - children[1]["n"] > remaining
 
-    def _finish(self) -> None:
-        """Report the best move once per go (from stop() or the thread, whichever is first)."""
-        with self._done_lock:
-            if self._done:
+    def _finish(self, generation: Optional[int] = None) -> None:
+        """Report the best move once per go (from stop() or the thread, whichever is first).
+
+        ``generation``: the search thread's own; it must not finish a newer search.
+        """
+        with self._done_lock:     # held throughout: a new go waits until this one has reported
+            if self._done or (generation is not None and generation != self._generation):
                 return
             self._done = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        with self._tree_lock:
-            result = self._result()
-        used = int((time.monotonic() - self._start) * 1000)
-        if self._budget is not None and not self._budget.until_stop:
-            self.timeman.record(used, self._budget)
-        if result.info is not None:
-            self._on_info(result.info)
-        self._on_best(result)
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+            # The search thread holds the tree lock while it gathers or backs up a batch (a few
+            # ms, up to ~15 ms on a slow CPU as the tree grows): rather than wait, report the
+            # best move of the last info line (the final info is then that line).
+            if self._tree_lock.acquire(timeout=0.001):
+                try:
+                    result = self._result()
+                finally:
+                    self._tree_lock.release()
+            else:
+                result = self._snapshot_result()
+            used = int((time.monotonic() - self._start) * 1000)
+            if self._budget is not None and not self._budget.until_stop:
+                self.timeman.record(used, self._budget)
+            if result.info is not None:
+                self._on_info(result.info)
+            self._on_best(result)
 
     # -- reports -------------------------------------------------------------
 
@@ -352,24 +432,59 @@ class Searcher:
         legal = self._board.legal_moves()
         if not legal:
             return SearchResult(None, None, None)
-        info = self.info() if self.tree.playouts or self.tree.nodes else None
-        best = self.tree.best_move() if self.tree.nodes else None
+        if self._positioned != self._generation:
+            # Stopped before the search thread set up the tree (e.g. an empty clock's watchdog):
+            # the tree still holds the previous position.
+            allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
+            return SearchResult(allowed[0], None, None)
+        has_info = bool(self.tree.playouts or self.tree.nodes)
+        best = None
+        if self.tree.nodes:
+            temperature = self.options.temperature
+            best = self.tree.choose_move(temperature) if temperature > 0 else self.tree.best_move()
         allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
+        if best is not None and best not in allowed:
+            # The tree's best move ignores searchmoves (e.g. a reused tree whose favourite was
+            # excluded): play the best move that was allowed, as the info lines report it.
+            ranked = [c["move"] for c in self.tree.root_children() if c["move"] in allowed]
+            best = ranked[0] if ranked else None
         if best is None or best not in legal:
             best = allowed[0]
+            info = self.info(first=best) if has_info else None
+            if info is not None and info.lines and info.lines[0].move != best:
+                info.lines = []      # the final info's pv must start with the move played
             return SearchResult(best, None, info)
+        # The final info's first line is the move played (it differs from the most visited
+        # move when Temperature > 0), so that its pv[0] is the bestmove.
+        info = self.info(first=best) if has_info else None
         pv = self.tree.pv(best)
         ponder = pv[1] if len(pv) > 1 else None
         return SearchResult(best, ponder, info)
 
-    def info(self) -> Info:
-        """The search as it stands (call with the tree lock held or while no search runs)."""
+    def _snapshot_result(self) -> SearchResult:
+        """The best move (and ponder move) of the last info report, without touching the tree."""
+        legal = self._board.legal_moves()
+        if not legal:
+            return SearchResult(None, None, None)
+        allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
+        snapshot = self._snapshot
+        if snapshot is not None and snapshot[0] in allowed:
+            return SearchResult(snapshot[0], snapshot[1], None)
+        return SearchResult(allowed[0], None, None)
+
+    def info(self, first: Optional[str] = None) -> Info:
+        """The search as it stands (call with the tree lock held or while no search runs).
+
+        ``first``: a root move to report as the first line (the move about to be played).
+        """
         tree = self.tree
-        elapsed = max(1e-6, time.monotonic() - self._start)
+        elapsed = max(1e-6, time.monotonic() - self._go_start)
         lines = []
         children = tree.root_children() if tree.nodes else []
         if self._go.searchmoves:
             children = [c for c in children if c["move"] in self._go.searchmoves] or children
+        if first is not None:
+            children = sorted(children, key=lambda c: c["move"] != first)  # stable: the rest keep their order
         for rank, child in enumerate(children[: max(1, self.options.multipv)], start=1):
             if child["n"] == 0 and child["proven"] is None and rank > 1:
                 break

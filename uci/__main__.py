@@ -1,12 +1,34 @@
-"""``python -m uci``: speak UCI on stdin/stdout (not built yet)."""
+"""``python -m uci``: speak UCI on stdin/stdout."""
 
+import os
 import sys
+import threading
+
+from uci.session import run
 
 
 def main(argv=None) -> int:
     """Run the UCI front end; returns the process exit code."""
-    print("cyzero: the UCI front end is not built yet (issue 5)", file=sys.stderr)
-    return 2
+    # Whatever the locale: undecodable input bytes must not kill the reader (a strict UTF-8 or
+    # ASCII stdin raised UnicodeDecodeError on the first junk byte), and echoing them back in an
+    # error line must not fail the writer (which then closes stdout for good).
+    for stream, errors in ((sys.stdin, "surrogateescape"), (sys.stdout, "backslashreplace")):
+        try:
+            stream.reconfigure(errors=errors)
+        except (AttributeError, ValueError, OSError):
+            pass
+    code = run()
+    if threading.active_count() > 1:
+        # A search or a network load may still be inside ONNX Runtime on a daemon thread;
+        # finalizing the interpreter under it aborts the process ("terminate called without
+        # an active exception", SIGABRT). Everything was written and flushed: leave at once.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

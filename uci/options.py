@@ -1,0 +1,156 @@
+"""UCI options: declarations, case-insensitive lookup, and value checking.
+
+Each option knows how to declare itself (``option name ... type ...``) and how
+to parse the text a GUI sends in ``setoption``; a bad value raises
+``ValueError`` with a message for ``info string error: ...`` and leaves the
+current value as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+DEFAULT_WEIGHTS = "<default>"
+
+
+@dataclass
+class Option:
+    name: str
+    kind: str                      # check, spin, combo, string, button
+    default: Any
+    min: Optional[float] = None    # spin: int bounds; float options (declared as string): float bounds
+    max: Optional[float] = None
+    choices: tuple[str, ...] = ()
+    is_float: bool = False         # declared as "type string" (as lc0 does for floats), parsed as float
+    value: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.value = self.default
+
+    def declaration(self) -> str:
+        if self.kind == "button":
+            return f"option name {self.name} type button"
+        text = f"option name {self.name} type {self.kind} default {self._show(self.default)}"
+        if self.kind == "spin":
+            text += f" min {int(self.min)} max {int(self.max)}"
+        for choice in self.choices:
+            text += f" var {choice}"
+        return text
+
+    @staticmethod
+    def _show(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value) if value != "" else "<empty>"
+
+    def parse(self, text: Optional[str]) -> Any:
+        """The value ``text`` stands for; ValueError (naming the option) if it is not valid."""
+        text = "" if text is None else text.strip()
+        if self.kind == "button":
+            return True
+        if self.kind == "check":
+            low = text.lower()
+            if low in ("true", "1", "on", "yes"):
+                return True
+            if low in ("false", "0", "off", "no"):
+                return False
+            raise ValueError(f"option {self.name} takes true or false, not {text!r}")
+        if self.kind == "spin":
+            try:
+                number = int(text)
+            except ValueError:
+                try:
+                    as_float = float(text)
+                except ValueError:
+                    raise ValueError(f"option {self.name} takes a whole number, not {text!r}") from None
+                if not as_float.is_integer():
+                    raise ValueError(f"option {self.name} takes a whole number, not {text!r}") from None
+                number = int(as_float)
+            if not self.min <= number <= self.max:
+                raise ValueError(f"option {self.name} must be within {int(self.min)}..{int(self.max)}, got {number}")
+            return number
+        if self.kind == "combo":
+            for choice in self.choices:
+                if choice.lower() == text.lower():
+                    return choice
+            raise ValueError(f"option {self.name} must be one of {', '.join(self.choices)}, not {text!r}")
+        if self.is_float:
+            try:
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"option {self.name} takes a number, not {text!r}") from None
+            if number != number or number in (float("inf"), float("-inf")):
+                raise ValueError(f"option {self.name} takes a finite number, not {text!r}")
+            if (self.min is not None and number < self.min) or (self.max is not None and number > self.max):
+                raise ValueError(f"option {self.name} must be within {self.min:g}..{self.max:g}, got {number:g}")
+            return number
+        if text == "<empty>":
+            return ""
+        return text
+
+
+def _float(name: str, default: float, lo: float, hi: float) -> Option:
+    return Option(name, "string", default, lo, hi, is_float=True)
+
+
+def engine_options() -> list[Option]:
+    """Every option cyzero declares, with valid defaults (lichess-bot's defaults all fit)."""
+    cpus = os.cpu_count() or 1
+    return [
+        Option("WeightsFile", "string", DEFAULT_WEIGHTS),
+        Option("Backend", "combo", "auto", choices=("auto", "cuda", "tensorrt", "cpu")),
+        Option("GPU", "spin", 0, 0, 15),
+        Option("Threads", "spin", min(cpus, 4), 1, 512),
+        Option("Hash", "spin", 256, 1, 1 << 20),
+        Option("NNCacheSize", "spin", 200000, 0, 100_000_000),
+        Option("MinibatchSize", "spin", 256, 1, 4096),
+        Option("Move Overhead", "spin", 100, 0, 10000),
+        Option("Ponder", "check", False),
+        Option("MultiPV", "spin", 1, 1, 500),
+        Option("UCI_ShowWDL", "check", False),
+        Option("UCI_Chess960", "check", False),
+        Option("UCI_AnalyseMode", "check", False),
+        Option("SyzygyPath", "string", ""),
+        Option("OwnBook", "check", False),
+        Option("BookFile", "string", ""),
+        _float("CPuct", 1.745, 0.0, 100.0),
+        _float("CPuctBase", 38739.0, 1.0, 1e9),
+        _float("CPuctFactor", 3.894, 0.0, 1000.0),
+        _float("FpuValue", 0.330, -100.0, 100.0),
+        _float("PolicyTemperature", 1.359, 0.1, 10.0),
+        _float("Temperature", 0.0, 0.0, 100.0),
+        _float("SmartPruningFactor", 1.33, 0.0, 10.0),
+        Option("TrainerEndpoint", "string", ""),
+        Option("Clear Hash", "button", None),
+    ]
+
+
+class Options:
+    """The option set: lookup by name ignoring case (names may contain spaces)."""
+
+    def __init__(self, options: Optional[list[Option]] = None) -> None:
+        self._by_key = {opt.name.lower(): opt for opt in (options or engine_options())}
+
+    def __iter__(self):
+        return iter(self._by_key.values())
+
+    def find(self, name: str) -> Optional[Option]:
+        return self._by_key.get(" ".join(name.split()).lower())
+
+    def __getitem__(self, name: str) -> Any:
+        opt = self.find(name)
+        if opt is None:
+            raise KeyError(name)
+        return opt.value
+
+    def set(self, name: str, text: Optional[str]) -> Option:
+        """Parse and store a value; ValueError (value unchanged) if the name or value is bad."""
+        opt = self.find(name)
+        if opt is None:
+            raise ValueError(f"unknown option {name!r}")
+        opt.value = opt.parse(text)
+        return opt

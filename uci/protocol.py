@@ -1,0 +1,121 @@
+"""UCI text in and out: parsing ``position``/``go``/``setoption`` and writing ``info``/``bestmove``.
+
+Parsers raise ``ValueError`` with a message that says what was wrong; the
+session turns it into one ``info string error: ...`` line. Writers produce
+integers only, with ``pv`` last, so every client can parse them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from engine.search import GoParams, Info, SearchResult
+
+STARTPOS = "startpos"
+
+_GO_INT_FIELDS = ("wtime", "btime", "winc", "binc", "movestogo", "movetime", "nodes", "depth", "mate")
+_GO_FLAGS = ("infinite", "ponder")
+_GO_KEYWORDS = set(_GO_INT_FIELDS) | set(_GO_FLAGS) | {"searchmoves"}
+
+
+def parse_position(tokens: list[str]) -> tuple[Optional[str], list[str]]:
+    """``position startpos|fen <FEN> [moves ...]`` (tokens after ``position``) -> (fen or None, moves).
+
+    A FEN missing its move counters gets ``0 1``.
+    """
+    if not tokens:
+        raise ValueError("position needs 'startpos' or 'fen <FEN>'")
+    head = tokens[0].lower()
+    rest = tokens[1:]
+    if "moves" in rest:
+        cut = rest.index("moves")
+        fen_tokens, moves = rest[:cut], rest[cut + 1:]
+    else:
+        fen_tokens, moves = rest, []
+    if head == STARTPOS:
+        if fen_tokens:
+            raise ValueError(f"unexpected {' '.join(fen_tokens)!r} after 'position startpos'")
+        return None, moves
+    if head != "fen":
+        raise ValueError(f"position needs 'startpos' or 'fen <FEN>', got {tokens[0]!r}")
+    if not fen_tokens:
+        raise ValueError("position fen needs a FEN")
+    if len(fen_tokens) > 6:
+        raise ValueError(f"position fen has {len(fen_tokens)} fields; a FEN has at most 6")
+    fields = list(fen_tokens)
+    if len(fields) == 4:
+        fields += ["0", "1"]
+    elif len(fields) == 5:
+        fields += ["1"]
+    return " ".join(fields), moves
+
+
+def parse_go(tokens: list[str]) -> GoParams:
+    """``go ...`` (tokens after ``go``) -> GoParams; ValueError on a malformed argument."""
+    go = GoParams()
+    i = 0
+    while i < len(tokens):
+        word = tokens[i].lower()
+        if word in _GO_FLAGS:
+            setattr(go, word, True)
+            i += 1
+        elif word in _GO_INT_FIELDS:
+            if i + 1 >= len(tokens):
+                raise ValueError(f"go {word} needs a number")
+            try:
+                value = int(tokens[i + 1])
+            except ValueError:
+                try:
+                    value = int(float(tokens[i + 1]))
+                except ValueError:
+                    raise ValueError(f"go {word} needs a whole number, got {tokens[i + 1]!r}") from None
+            if word in ("nodes", "depth", "mate", "movestogo") and value < 0:
+                raise ValueError(f"go {word} must not be negative, got {value}")
+            setattr(go, word, value)
+            i += 2
+        elif word == "searchmoves":
+            i += 1
+            while i < len(tokens) and tokens[i].lower() not in _GO_KEYWORDS:
+                go.searchmoves.append(tokens[i])
+                i += 1
+        else:
+            raise ValueError(f"unknown go argument {tokens[i]!r}")
+    return go
+
+
+def parse_setoption(text: str) -> tuple[str, Optional[str]]:
+    """``setoption name <N...> [value <V...>]`` (text after ``setoption``) -> (name, value)."""
+    words = text.split()
+    if not words or words[0].lower() != "name":
+        raise ValueError("setoption needs 'name <option>'")
+    lowered = [w.lower() for w in words]
+    if "value" in lowered[1:]:
+        cut = lowered.index("value", 1)
+        name, value = " ".join(words[1:cut]), " ".join(words[cut + 1:])
+    else:
+        name, value = " ".join(words[1:]), None
+    if not name:
+        raise ValueError("setoption needs an option name")
+    return name, value
+
+
+def format_info(info: Info, show_wdl: bool) -> list[str]:
+    """One ``info`` line per MultiPV line (or a bare progress line when there is none)."""
+    head = f"info depth {info.depth} seldepth {info.seldepth}"
+    tail = f"nodes {info.nodes} nps {info.nps} time {info.time_ms}"
+    if not info.lines:
+        return [f"{head} {tail}"]
+    out = []
+    for line in info.lines:
+        score = f"score mate {line.mate}" if line.mate is not None else f"score cp {line.cp}"
+        wdl = f" wdl {line.wdl[0]} {line.wdl[1]} {line.wdl[2]}" if show_wdl else ""
+        out.append(f"{head} multipv {line.multipv} {score}{wdl} {tail} pv {' '.join(line.pv)}")
+    return out
+
+
+def format_bestmove(result: SearchResult) -> str:
+    if result.best is None:
+        return "bestmove (none)"
+    if result.ponder:
+        return f"bestmove {result.best} ponder {result.ponder}"
+    return f"bestmove {result.best}"

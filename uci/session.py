@@ -1,0 +1,354 @@
+"""The UCI session: one state machine between the GUI's lines and the search.
+
+The reader (``run``) owns stdin and handles every command at once; ``go``
+starts the search on its own thread, whose info and best move come back
+through callbacks to the single :class:`Writer` that owns stdout. Any bad
+input gets one ``info string error: ...`` line and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable, Optional, TextIO
+
+from engine import __version__
+from engine.board import Board
+from engine.search import GoParams, Info, Searcher, SearchOptions, SearchResult
+from engine.timeman import TimeManager
+from uci.options import DEFAULT_WEIGHTS, Options
+from uci.protocol import format_bestmove, format_info, parse_go, parse_position, parse_setoption
+
+AUTHOR = "the cyzero developers"
+
+# Options that only change how the network is loaded: a change reloads it lazily.
+_NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize"}
+
+
+class Writer:
+    """The one owner of stdout: whole lines, flushed, from any thread."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.closed = True  # the GUI went away; the reader will see end of input
+
+
+class Session:
+    """Handles UCI commands; ``handle(line)`` returns False once the engine should exit."""
+
+    def __init__(self, write: Callable[[str], None], network_manager_factory=None) -> None:
+        self.write = write
+        self.options = Options()
+        self._manager_factory = network_manager_factory or _default_manager
+        self.manager = None
+        self.board = Board()
+        self._base_fen: Optional[str] = None
+        self._moves: list[str] = []
+        self.searcher = Searcher(self._network, SearchOptions(), TimeManager())
+        self.searcher.log = self.info_string
+        self._dirty_options: set[str] = set()
+        self._book = None
+        self._tablebases = None
+        self._apply_options(set(o.name.lower() for o in self.options))
+
+    # -- output ----------------------------------------------------------------
+
+    def info_string(self, text: str) -> None:
+        for line in str(text).splitlines() or [""]:
+            self.write(f"info string {line}")
+
+    def error(self, text: str) -> None:
+        self.info_string(f"error: {text}")
+
+    # -- dispatch --------------------------------------------------------------
+
+    def handle(self, line: str) -> bool:
+        received = time.monotonic()
+        words = line.split()
+        if not words:
+            return True
+        command, args = words[0].lower(), words[1:]
+        try:
+            if command == "quit":
+                self.close()
+                return False
+            handler = getattr(self, f"cmd_{command}", None)
+            if handler is None:
+                self.error(f"unknown command {words[0]!r}")
+            elif command == "go":
+                handler(args, received)
+            elif command == "setoption":
+                handler(line.split(None, 1)[1] if len(words) > 1 else "")
+            else:
+                handler(args)
+        except ValueError as exc:
+            self.error(str(exc))
+        except Exception as exc:  # never die on input: report and keep answering
+            self.error(f"internal error handling {words[0]!r}: {type(exc).__name__}: {exc}")
+        return True
+
+    # -- commands --------------------------------------------------------------
+
+    def cmd_uci(self, args: list[str]) -> None:
+        self.write(f"id name cyzero {__version__}")
+        self.write(f"id author {AUTHOR}")
+        for opt in self.options:
+            self.write(opt.declaration())
+        self.write("uciok")
+
+    def cmd_isready(self, args: list[str]) -> None:
+        if not self.searcher.searching:
+            try:
+                self._apply_pending_options()
+                self._network()          # load now, so the first go does not pay for it
+                self._swap_network_if_ready()
+            except ValueError as exc:    # e.g. a WeightsFile that cannot be used: say so, stay ready
+                self.error(str(exc))
+            except Exception as exc:
+                self.error(f"cannot load the network: {type(exc).__name__}: {exc}")
+        self.write("readyok")            # always: a GUI waits for it
+
+    def cmd_debug(self, args: list[str]) -> None:
+        pass
+
+    def cmd_register(self, args: list[str]) -> None:
+        pass
+
+    def cmd_ucinewgame(self, args: list[str]) -> None:
+        self._stop_search()
+        self.searcher.new_game()
+        self.board = Board(chess960=self.options["UCI_Chess960"])
+        self._base_fen, self._moves = None, []
+
+    def cmd_setoption(self, text: str) -> None:
+        name, value = parse_setoption(text)
+        opt = self.options.set(name, value)
+        self._dirty_options.add(opt.name.lower())
+        if not self.searcher.searching:
+            self._apply_pending_options()
+
+    def cmd_position(self, args: list[str]) -> None:
+        fen, moves = parse_position(args)
+        chess960 = self.options["UCI_Chess960"]
+        if fen == self._base_fen and moves[:len(self._moves)] == self._moves \
+                and self.board.chess960 == chess960:
+            board = self.board.copy()       # the usual case: the game went on by a move or two
+            new_moves = moves[len(self._moves):]
+            first_ply = len(self._moves)
+        else:
+            board = self._new_board(fen, chess960)
+            new_moves = moves
+            first_ply = 0
+        for ply, move in enumerate(new_moves, start=first_ply + 1):
+            try:
+                board.push_uci(move)
+            except ValueError:
+                raise ValueError(f"illegal move {move!r} at ply {ply} in position command; "
+                                 "position unchanged") from None
+        self.board = board
+        self._base_fen, self._moves = fen, list(moves)
+
+    @staticmethod
+    def _new_board(fen: Optional[str], chess960: bool) -> Board:
+        if fen is None:
+            return Board(chess960=chess960)
+        try:
+            return Board(fen, chess960=chess960)
+        except ValueError as exc:
+            if not chess960:
+                try:  # a Chess960 FEN sent without UCI_Chess960: read it as Chess960
+                    return Board(fen, chess960=True)
+                except ValueError:
+                    pass
+            raise ValueError(f"bad FEN in position command: {exc}") from None
+
+    def cmd_go(self, args: list[str], received: float) -> None:
+        go = parse_go(args)
+        if self.searcher.searching:
+            self.searcher.stop()    # its bestmove now; its thread ends in the background
+        self._apply_pending_options()
+        self._swap_network_if_ready()
+        board = self.board.copy()
+        if not go.infinite and not go.ponder and self._play_book_move(board):
+            return
+        self._restrict_to_tablebase(board, go)
+        show_wdl = self.options["UCI_ShowWDL"]
+
+        def on_info(info: Info) -> None:
+            for text in format_info(info, show_wdl):
+                self.write(text)
+
+        def on_best(result: SearchResult) -> None:
+            self.write(format_bestmove(result))
+
+        self.searcher.start(board, go, on_info, on_best, start_time=received)
+
+    def cmd_stop(self, args: list[str]) -> None:
+        if self.searcher.searching:
+            self.searcher.stop()
+
+    def cmd_ponderhit(self, args: list[str]) -> None:
+        self.searcher.ponderhit()
+
+    def cmd_d(self, args: list[str]) -> None:
+        """Not UCI: show the current position (as Stockfish's ``d`` does)."""
+        self.info_string(f"fen {self.board.fen()}")
+
+    # -- helpers ---------------------------------------------------------------
+
+    def close(self) -> None:
+        self.searcher.abort()
+        self.searcher.wait(2.0)   # let a batch in flight finish before anything is torn down
+        if self.manager is not None:
+            self.manager.close()
+        for resource in (self._book, self._tablebases):
+            if resource is not None:
+                resource.close()
+
+    def _stop_search(self) -> None:
+        if self.searcher.searching:
+            self.searcher.stop()
+        self.searcher.wait()
+
+    def _network(self):
+        """The current network, loaded on first use (called on isready or the search thread)."""
+        if self.manager is None:
+            self.manager = self._manager_factory(self.options, self.info_string)
+        return self.manager.get()
+
+    def _swap_network_if_ready(self) -> None:
+        if self.manager is not None:
+            self.manager.apply_pending(self.searcher.network_changed)
+
+    def _apply_pending_options(self) -> None:
+        dirty, self._dirty_options = self._dirty_options, set()
+        if dirty:
+            self._apply_options(dirty)
+
+    def _apply_options(self, names: set[str]) -> None:
+        o = self.options
+        search = self.searcher.options
+        search.minibatch_size = o["MinibatchSize"]
+        search.multipv = o["MultiPV"]
+        search.smart_pruning_factor = o["SmartPruningFactor"]
+        search.cache_size = o["NNCacheSize"]
+        search.max_tree_bytes = o["Hash"] << 20
+        search.temperature = o["Temperature"]
+        search.tree_params = dict(cpuct=o["CPuct"], cpuct_base=o["CPuctBase"], cpuct_factor=o["CPuctFactor"],
+                                  cpuct_root=o["CPuct"], cpuct_base_root=o["CPuctBase"],
+                                  cpuct_factor_root=o["CPuctFactor"], fpu_value=o["FpuValue"],
+                                  policy_temperature=o["PolicyTemperature"])
+        self.searcher.timeman.move_overhead_ms = o["Move Overhead"]
+        if names & {"minibatchsize", "multipv", "smartpruningfactor", "nncachesize", "hash", "temperature",
+                    "cpuct", "cpuctbase", "cpuctfactor", "fpuvalue", "policytemperature", "clear hash"}:
+            self.searcher.apply_options()
+        if "clear hash" in names:
+            self.searcher.new_game()
+        if "uci_chess960" in names:
+            self.board.chess960 = o["UCI_Chess960"]
+        if names & _NETWORK_OPTIONS and self.manager is not None:
+            self.manager.close()
+            self.manager = None      # reloaded on the next isready or go
+        if "trainerendpoint" in names and self.manager is not None:
+            try:
+                self.manager.set_endpoint(o["TrainerEndpoint"] or None)
+            except ValueError as exc:
+                self.error(f"TrainerEndpoint: {exc}")
+        if "bookfile" in names or "ownbook" in names:
+            self._open_book()
+        if "syzygypath" in names:
+            self._open_tablebases()
+
+    def _open_book(self) -> None:
+        if self._book is not None:
+            self._book.close()
+            self._book = None
+        path = self.options["BookFile"]
+        if not path or not self.options["OwnBook"]:
+            return
+        from engine.book import OpeningBook
+
+        try:
+            self._book = OpeningBook(path)
+            self.info_string(f"opening book {path}")
+        except (ValueError, OSError) as exc:
+            self.error(f"cannot open book: {exc}")
+
+    def _open_tablebases(self) -> None:
+        if self._tablebases is not None:
+            self._tablebases.close()
+            self._tablebases = None
+        path = self.options["SyzygyPath"]
+        if not path:
+            return
+        from engine.book import Tablebases
+
+        try:
+            self._tablebases = Tablebases(path)
+            self.info_string(f"Syzygy tablebases up to {self._tablebases.max_pieces} pieces from {path}")
+        except (ValueError, OSError) as exc:
+            self.error(f"cannot use SyzygyPath: {exc}")
+
+    def _play_book_move(self, board: Board) -> bool:
+        if self._book is None:
+            return False
+        move = self._book.move(board)
+        if move is None:
+            return False
+        self.info_string(f"book move {move}")
+        self.write(f"bestmove {move}")
+        return True
+
+    def _restrict_to_tablebase(self, board: Board, go: GoParams) -> None:
+        if self._tablebases is None:
+            return
+        found = self._tablebases.root_moves(board)
+        if found is None:
+            return
+        moves, wdl = found
+        if go.searchmoves:
+            moves = [m for m in moves if m in go.searchmoves] or moves
+        go.searchmoves = moves
+        result = {2: "win", 1: "cursed win", 0: "draw", -1: "blessed loss", -2: "loss"}.get(wdl, str(wdl))
+        self.info_string(f"tablebase {result}; searching {len(moves)} move(s)")
+
+
+def _default_manager(options: Options, log: Callable[[str], None]):
+    from engine.weights import NetworkManager, resolve_weights
+
+    manager = NetworkManager(resolve_weights(options["WeightsFile"]), backend=options["Backend"],
+                             device_id=options["GPU"], threads=options["Threads"],
+                             network_options={"max_batch": options["MinibatchSize"]}, log=log)
+    endpoint = options["TrainerEndpoint"]
+    if endpoint:
+        manager.set_endpoint(endpoint)
+    return manager
+
+
+def run(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    """Speak UCI until ``quit`` or end of input; returns the exit code."""
+    writer = Writer(stdout)
+    session = Session(writer)
+    try:
+        while True:
+            line = stdin.readline()
+            if not line:          # end of input: the GUI is gone
+                session.close()
+                return 0
+            if not session.handle(line):
+                return 0
+    except KeyboardInterrupt:
+        session.close()
+        return 130
