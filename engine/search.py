@@ -110,6 +110,8 @@ class SearchOptions:
     tree_params: dict = field(default_factory=dict)  # names from engine.tree.DEFAULTS
     info_interval_s: float = 1.0
     temperature: float = 0.0                    # > 0: play a move drawn by visits^(1/T)
+    temperature_cutoff_move: int = 0            # from this full move on, play the best move (0: never)
+    seed: Optional[int] = None                  # fixed seed: noise and temperature draws repeat
 
 
 class Searcher:
@@ -163,12 +165,14 @@ class Searcher:
                                  **{**TREE_DEFAULTS, **self.options.tree_params})
             else:
                 self.cache.clear()  # the policy temperature may have changed
+            self.tree.seed(self.options.seed)
 
     def new_game(self) -> None:
         """``ucinewgame``: forget the tree, the cache and the time savings."""
         self.wait()
         with self._tree_lock:
             self.tree.reset()
+            self.tree.seed(self.options.seed)   # a fixed seed makes every game's search repeat
             self.cache.clear()
         self.timeman.reset()
 
@@ -441,6 +445,9 @@ class Searcher:
         best = None
         if self.tree.nodes:
             temperature = self.options.temperature
+            cutoff = self.options.temperature_cutoff_move
+            if cutoff and self._board.fullmove_number >= cutoff:
+                temperature = 0.0
             best = self.tree.choose_move(temperature) if temperature > 0 else self.tree.best_move()
         allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
         if best is not None and best not in allowed:

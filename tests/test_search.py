@@ -236,3 +236,30 @@ def test_cp_and_wdl_mappings():
     assert q_to_cp(0.5) == -q_to_cp(-0.5)
     assert wdl_permille(0.2, 0.5) == (350, 500, 150)
     assert sum(wdl_permille(-1.0, 0.0)) == 1000
+
+
+def test_fixed_seed_with_noise_and_temperature_repeats_the_game():
+    """Self-play knobs: Dirichlet noise and temperature with a fixed seed give the same moves."""
+    def play(seed):
+        opts = SearchOptions(minibatch_size=16, temperature=1.0, temperature_cutoff_move=3, seed=seed,
+                             tree_params={"noise_epsilon": 0.25, "noise_alpha": 0.3})
+        s = Searcher(lambda: FakeNetwork(), opts)
+        s.apply_options()
+        s.new_game()
+        board, moves = Board(), []
+        for _ in range(6):
+            rec = run(s, board, GoParams(nodes=64))
+            moves.append(rec.results[0].best)
+            board.push_uci(moves[-1])
+        return moves
+
+    first = play(7)
+    assert play(7) == first
+    assert any(play(seed) != first for seed in (8, 9, 10))
+
+
+def test_temperature_cutoff_plays_the_best_move():
+    opts = SearchOptions(minibatch_size=16, temperature=50.0, temperature_cutoff_move=1, seed=1)
+    s = Searcher(lambda: FakeNetwork(), opts)
+    rec = run(s, Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 1"), GoParams(nodes=300))
+    assert rec.results[0].best == "a1a8"

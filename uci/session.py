@@ -246,13 +246,17 @@ class Session:
         search.cache_size = o["NNCacheSize"]
         search.max_tree_bytes = o["Hash"] << 20
         search.temperature = o["Temperature"]
+        search.temperature_cutoff_move = o["TempCutoffMove"]
+        search.seed = o["Seed"] or None
         search.tree_params = dict(cpuct=o["CPuct"], cpuct_base=o["CPuctBase"], cpuct_factor=o["CPuctFactor"],
                                   cpuct_root=o["CPuct"], cpuct_base_root=o["CPuctBase"],
                                   cpuct_factor_root=o["CPuctFactor"], fpu_value=o["FpuValue"],
-                                  policy_temperature=o["PolicyTemperature"])
+                                  fpu_value_root=o["FpuValue"], policy_temperature=o["PolicyTemperature"],
+                                  noise_epsilon=o["NoiseEpsilon"], noise_alpha=o["NoiseAlpha"])
         self.searcher.timeman.move_overhead_ms = o["Move Overhead"]
         if names & {"minibatchsize", "multipv", "smartpruningfactor", "nncachesize", "hash", "temperature",
-                    "cpuct", "cpuctbase", "cpuctfactor", "fpuvalue", "policytemperature", "clear hash"}:
+                    "cpuct", "cpuctbase", "cpuctfactor", "fpuvalue", "policytemperature", "clear hash",
+                    "noiseepsilon", "noisealpha", "seed", "tempcutoffmove"}:
             self.searcher.apply_options()
         if "clear hash" in names:
             self.searcher.new_game()
