@@ -1177,6 +1177,8 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
             if node.flags & NODE_PROVEN and (node.flags & NODE_TERMINAL or depth > 0):
                 # Exact result: back it up without asking the network.
                 _backup(t, path, depth, node.bound, 1.0 if node.bound == 0 else 0.0, node.m >> 4)
+                if not (node.flags & NODE_TWOFOLD):
+                    _prove_up(t, path, depth)   # e.g. a reused tree whose root proof was cleared
                 visits += 1
                 ooo += 1
                 break

@@ -335,7 +335,10 @@ class Searcher:
             with self._tree_lock:
                 if stop.is_set():
                     return
-                self.tree.gather(batch)
+                budget = self._budget
+                # A nodes limit caps the batch, so that go nodes N stops close to N.
+                left = budget.nodes - self.tree.nodes if budget.nodes is not None else 0
+                self.tree.gather(batch, max_leaves=max(1, left) if budget.nodes is not None else 0)
                 self._inflight = batch if len(batch) else None
             if len(batch):
                 policy, wdl, mlh = network.evaluate(batch.planes[:len(batch)])

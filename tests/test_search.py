@@ -263,3 +263,9 @@ def test_temperature_cutoff_plays_the_best_move():
     s = Searcher(lambda: FakeNetwork(), opts)
     rec = run(s, Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 1"), GoParams(nodes=300))
     assert rec.results[0].best == "a1a8"
+
+
+def test_nodes_limit_is_not_overshot_by_a_batch():
+    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=256))
+    run(s, Board(), GoParams(nodes=50))
+    assert 50 <= s.tree.nodes <= 60

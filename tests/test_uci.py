@@ -24,7 +24,7 @@ import pytest
 
 from engine import __version__
 from test_uci_harness import (PROMPT_S, REPO, UciEngine, check_pv, infos, info_strings, legal_bestmove,
-                              long_game, position_command, random_game, uci_moves, wait_for)
+                              long_game, position_command, random_game, uci_moves)
 from uci.options import engine_options
 
 MATE_IN_1_BLACK = "8/8/8/8/8/1qk5/7P/K7 b - - 0 1"     # ...Qb2#
@@ -332,7 +332,7 @@ def test_castling_notation_follows_uci_chess960(eng):
 
 def test_missing_move_counters_read_as_0_1(eng):
     eng.send("position fen rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3")
-    assert fen_of(eng).endswith(" b KQkq - 0 1") or fen_of(eng).endswith(" b KQkq e3 0 1")
+    assert fen_of(eng).split()[1:] in (["b", "KQkq", "-", "0", "1"], ["b", "KQkq", "e3", "0", "1"])
     eng.send("position fen 4k3/8/8/8/8/8/4P3/4K3 w - -")
     assert fen_of(eng) == "4k3/8/8/8/8/8/4P3/4K3 w - - 0 1"
     eng.send("position fen 4k3/8/8/8/8/8/4P3/4K3 w - - 7")

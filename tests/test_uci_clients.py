@@ -29,8 +29,8 @@ import chess.engine
 import chess.polyglot
 import pytest
 
-from test_uci_harness import (PROMPT_S, REPO, UciEngine, engine_command, infos, info_strings,
-                              legal_bestmove, position_command, random_game, uci_moves)
+from test_uci_harness import (PROMPT_S, REPO, UciEngine, engine_command, info_strings, legal_bestmove,
+                              uci_moves)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "uci_scripts")
 STOCKFISH = shutil.which("stockfish") or ("/usr/games/stockfish" if os.path.exists("/usr/games/stockfish") else None)
@@ -118,16 +118,13 @@ def test_python_chess_multipv_beyond_the_legal_moves(popen):
 MIDDLEGAME_FEN = "r1bq1rk1/pp2bppp/2n1pn2/2pp4/3P4/2PBPN2/PP1N1PPP/R1BQ1RK1 w - - 0 8"
 
 
-def _play_game(engine, board, plies, clock=2.0, inc=0.05, ponder=False, game=None, opponent=None):
+def _play_game(engine, board, plies, clock=2.0, inc=0.05, ponder=False, game=None):
     """Play ``plies`` half-moves with python-chess clocks; returns the seconds each play took."""
     clocks = {chess.WHITE: clock, chess.BLACK: clock}
     used = []
     for _ in range(plies):
         if board.is_game_over():
             break
-        if opponent is not None and board.turn != opponent[0]:
-            board.push(opponent[1](board))
-            continue
         limit = chess.engine.Limit(white_clock=clocks[chess.WHITE], black_clock=clocks[chess.BLACK],
                                    white_inc=inc, black_inc=inc)
         started = time.monotonic()

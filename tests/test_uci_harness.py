@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import chess
 
@@ -422,12 +422,3 @@ def random_game(rng: random.Random, plies: int, board: Optional[chess.Board] = N
         else:
             break
     return board
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
