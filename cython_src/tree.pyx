@@ -231,34 +231,34 @@ cdef inline uint32_t _child(TreeCore* t, uint32_t ni, int edge) noexcept nogil:
 # ---------------------------------------------------------------------------
 # Terminal detection and proofs.
 
-cdef inline bint _is_repetition_draw(TreeCore* t, const Pos* p, int ply) noexcept nogil:
-    """Threefold with the game history, or twofold where the earlier position is in the tree."""
+cdef inline int _earlier_occurrences(TreeCore* t, const Pos* p, int ply, bint* in_tree) noexcept nogil:
+    """How often the position at ``ply`` occurred before (within the fifty-move window);
+    ``in_tree`` tells whether one of those is at or after the root."""
     cdef int j = ply - 4, count = 0
     cdef int64_t lo = ply - p.halfmove
+    in_tree[0] = False
     if lo < 0:
         lo = 0
     while j >= lo:
         if t.stack[j].key == p.key:
-            if t.params.two_fold_draws and j >= t.root_ply:
-                return True
             count += 1
-            if count >= 2:
-                return True
+            if j >= t.root_ply:
+                in_tree[0] = True
         j -= 2
-    return False
+    return count
+
+
+cdef inline bint _is_repetition_draw(TreeCore* t, const Pos* p, int ply) noexcept nogil:
+    """Threefold with the game history, or twofold where the earlier position is in the tree."""
+    cdef bint in_tree
+    cdef int count = _earlier_occurrences(t, p, ply, &in_tree)
+    return count >= 2 or (count >= 1 and in_tree and t.params.two_fold_draws)
 
 
 cdef inline bint _twofold_only(TreeCore* t, const Pos* p, int ply) noexcept nogil:
     """Whether the repetition draw at ``ply`` needs the in-tree twofold rule (it depends on the root)."""
-    cdef int j = ply - 4, count = 0
-    cdef int64_t lo = ply - p.halfmove
-    if lo < 0:
-        lo = 0
-    while j >= lo:
-        if t.stack[j].key == p.key:
-            count += 1
-        j -= 2
-    return count < 2
+    cdef bint in_tree
+    return _earlier_occurrences(t, p, ply, &in_tree) < 2
 
 
 cdef void _prove_up(TreeCore* t, const uint32_t* path, int depth) noexcept nogil:
