@@ -102,32 +102,34 @@ cdef inline uint64_t _cache_key(const Pos* p) noexcept nogil:
 # ---------------------------------------------------------------------------
 # Pools.
 
+cdef void* _grow(void* pool, uint32_t* cap, uint32_t need, size_t item) noexcept nogil:
+    """Double ``cap`` until it holds ``need`` items and realloc ``pool``; NULL if out of memory."""
+    cdef uint32_t size = cap[0] * 2
+    while size < need:
+        size *= 2
+    cdef void* p = realloc(pool, size * item)
+    if p != NULL:
+        cap[0] = size
+    return p
+
+
 cdef int _reserve(TreeCore* t, uint32_t nodes, uint32_t edges) noexcept nogil:
     """Make room for ``nodes`` more nodes and ``edges`` more edges; -1 if over budget or out of memory."""
-    cdef uint32_t cap
     cdef void* p
     cdef uint64_t need = (<uint64_t>(t.n_nodes + nodes) * sizeof(Node)
                           + <uint64_t>(t.n_edges + edges) * sizeof(Edge))
     if t.max_bytes and need > t.max_bytes:
         return -1
     if t.n_nodes + nodes > t.cap_nodes:
-        cap = t.cap_nodes * 2
-        while cap < t.n_nodes + nodes:
-            cap *= 2
-        p = realloc(t.nodes, cap * sizeof(Node))
+        p = _grow(t.nodes, &t.cap_nodes, t.n_nodes + nodes, sizeof(Node))
         if p == NULL:
             return -1
         t.nodes = <Node*>p
-        t.cap_nodes = cap
     if t.n_edges + edges > t.cap_edges:
-        cap = t.cap_edges * 2
-        while cap < t.n_edges + edges:
-            cap *= 2
-        p = realloc(t.edges, cap * sizeof(Edge))
+        p = _grow(t.edges, &t.cap_edges, t.n_edges + edges, sizeof(Edge))
         if p == NULL:
             return -1
         t.edges = <Edge*>p
-        t.cap_edges = cap
     return 0
 
 

@@ -63,3 +63,14 @@ def ref_accepts(fen: str, chess960: bool) -> Optional[chess.Board]:
     except ValueError:
         return None
     return board if board.is_valid() else None
+
+
+# Chess960 positions (suite positions and castling corner cases) shared by the differential tests.
+CHESS960_FENS = {
+    "960_id0": "bqnb1rkr/pp3ppp/3ppn2/2p5/5P2/P2P4/NPP1P1PP/BQ1BNRKR w HFhf - 2 9",
+    "960_id17": "bnqnrbkr/1pp2pp1/p7/3pP2p/4P1P1/8/PPPP3P/BNQNRBKR w HEhe d6 0 9",
+    "960_id20": "n1bb1rkr/qpnppppp/2p5/p7/P1P5/5P2/1P1PPRPP/NQBBN1KR w Hhf - 1 9",
+    "960_id93": "nnrkrbbq/pppp2pp/8/4pp2/4P3/P7/1PPPBPPP/NNKRR1BQ w c - 0 9",
+    "960_castle_over_rook": "1r2k1r1/pppppppp/8/8/8/8/PPPPPPPP/1R2K1R1 w GBgb - 0 1",
+    "960_king_b": "rk5r/pppppppp/8/8/8/8/PPPPPPPP/RK5R w KQkq - 0 1",
+}

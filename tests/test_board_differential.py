@@ -22,7 +22,7 @@ import pytest
 
 from engine.board import STARTING_FEN, Board
 
-from chess_reference import outcome_tuple, position_key, ref_legal_ucis
+from chess_reference import CHESS960_FENS, outcome_tuple, position_key, ref_legal_ucis
 
 # ------------------------------------------------------------------ game specs
 
@@ -35,14 +35,6 @@ PERFT_FENS = {
     "pos6": "r4rk1/1pp1qppp/p1np1n2/2b1p1B1/2B1P1b1/P1NP1N2/1PP1QPPP/R4RK1 w - - 0 10",
 }
 
-CHESS960_FENS = {
-    "960_id0": "bqnb1rkr/pp3ppp/3ppn2/2p5/5P2/P2P4/NPP1P1PP/BQ1BNRKR w HFhf - 2 9",
-    "960_id17": "bnqnrbkr/1pp2pp1/p7/3pP2p/4P1P1/8/PPPP3P/BNQNRBKR w HEhe d6 0 9",
-    "960_id20": "n1bb1rkr/qpnppppp/2p5/p7/P1P5/5P2/1P1PPRPP/NQBBN1KR w Hhf - 1 9",
-    "960_id93": "nnrkrbbq/pppp2pp/8/4pp2/4P3/P7/1PPPBPPP/NNKRR1BQ w c - 0 9",
-    "960_castle_over_rook": "1r2k1r1/pppppppp/8/8/8/8/PPPPPPPP/1R2K1R1 w GBgb - 0 1",
-    "960_king_b": "rk5r/pppppppp/8/8/8/8/PPPPPPPP/RK5R w KQkq - 0 1",
-}
 
 SPECIAL_FENS = {
     # en passant available, the captured pawn just double-pushed
