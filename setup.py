@@ -114,8 +114,8 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["engine", "engine.nets", "uci", "trainer"],
-    package_data={"engine": ["*.pxd", "openings.txt"], "engine.nets": ["*.onnx", "*.onnx.sha256", "*.json", "*.md"]},
+    packages=["engine", "engine.nets", "engine.tools", "uci", "trainer"],
+    package_data={"engine": ["*.pxd", "*.pyi", "py.typed"], "engine.tools": ["openings.txt"], "uci": ["py.typed"], "trainer": ["py.typed"], "engine.nets": ["*.onnx", "*.onnx.sha256", "*.json", "*.md"]},
     ext_modules=extensions(),
     install_requires=[
         "numpy",
@@ -133,7 +133,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "cyzero = engine.cli:main",
+            "cyzero = uci.cli:main",
             "cyzero-train = trainer.cli:main",
         ],
     },

@@ -21,27 +21,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from engine.board import Board
-from engine.timeman import Budget, TimeManager
+from engine.limits import Budget, GoParams
+from engine.timeman import TimeManager
 from engine.tree import DEFAULTS as TREE_DEFAULTS
 from engine.tree import Batch, NNCache, Tree
-
-
-@dataclass
-class GoParams:
-    """The limits of one ``go`` command; ``None`` means not given."""
-
-    wtime: Optional[int] = None        # ms on white's clock
-    btime: Optional[int] = None        # ms on black's clock
-    winc: Optional[int] = None         # ms increment per move
-    binc: Optional[int] = None
-    movestogo: Optional[int] = None    # moves to the next time control
-    movetime: Optional[int] = None     # ms for this move exactly
-    nodes: Optional[int] = None        # root visits to reach
-    depth: Optional[int] = None        # average depth, as lc0 defines it
-    mate: Optional[int] = None         # stop once a mate in this many moves is proven
-    infinite: bool = False             # search until stop
-    ponder: bool = False               # pondering: search until ponderhit or stop
-    searchmoves: list[str] = field(default_factory=list)  # restrict the root to these UCI moves
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Time management: how long one ``go`` may think.
 
-:class:`TimeManager` turns a :class:`~engine.search.GoParams` into a
-:class:`Budget`: a *soft* target and a *hard* cap in milliseconds (or no time
+:class:`TimeManager` turns a :class:`~engine.limits.GoParams` into a
+:class:`~engine.limits.Budget`: a *soft* target and a *hard* cap in milliseconds (or no time
 limit at all), plus the ``nodes``/``depth``/``mate`` limits copied for the
 search loop. It never reads a clock itself; the search measures elapsed time
 with :func:`time.monotonic` from the moment it starts (or from ``ponderhit``)
@@ -103,13 +103,12 @@ endless search.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from dataclasses import replace
+from typing import Optional
 
-if TYPE_CHECKING:  # engine.search imports this module; GoParams is only read here
-    from engine.search import GoParams
+from engine.limits import Budget, GoParams
 
-__all__ = ["Budget", "TimeManager", "estimated_moves_left"]
+__all__ = ["TimeManager", "estimated_moves_left"]
 
 DEFAULT_MOVE_OVERHEAD_MS = 100
 
@@ -123,46 +122,6 @@ def estimated_moves_left(ply: int, midpoint: float = 51.5, steepness: float = 7.
     """
     move = max(0, ply) / 2.0
     return midpoint * (1.0 + 2.0 * (move / midpoint) ** steepness) ** (1.0 / steepness) - move
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How long one search may run, and its other limits.
-
-    ``soft_ms``/``hard_ms`` are ``None`` exactly when ``infinite`` is true.
-    ``banked_ms`` is the part of ``soft_ms`` that is time saved on earlier
-    moves; ``clock`` tells whether the budget came from the game clock (only
-    those take part in the savings).
-    """
-
-    soft_ms: Optional[int]          # target: stop here (or earlier, smart pruning)
-    hard_ms: Optional[int]          # cap: never run past it
-    infinite: bool = False          # no time limit at all
-    until_stop: bool = False        # go infinite / go ponder: never end by itself
-    nodes: Optional[int] = None
-    depth: Optional[int] = None
-    mate: Optional[int] = None
-    banked_ms: int = 0
-    clock: bool = False
-
-    def __post_init__(self) -> None:
-        if self.infinite != (self.soft_ms is None) or self.infinite != (self.hard_ms is None):
-            raise ValueError("a Budget has both soft_ms and hard_ms exactly when it is not infinite")
-        if not self.infinite and not 0 <= self.soft_ms <= self.hard_ms:
-            raise ValueError(f"need 0 <= soft_ms <= hard_ms, got {self.soft_ms}, {self.hard_ms}")
-
-    @property
-    def immediate(self) -> bool:
-        """True when the engine must play at once (after one minimal evaluation)."""
-        return self.hard_ms == 0
-
-    def soft_deadline(self, start: float) -> Optional[float]:
-        """The soft target as a :func:`time.monotonic` value, for a search started at ``start``."""
-        return None if self.soft_ms is None else start + self.soft_ms / 1000.0
-
-    def hard_deadline(self, start: float) -> Optional[float]:
-        """The hard cap as a :func:`time.monotonic` value, for a search started at ``start``."""
-        return None if self.hard_ms is None else start + self.hard_ms / 1000.0
 
 
 def _nonneg(value: Optional[float]) -> Optional[int]:

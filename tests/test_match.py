@@ -23,8 +23,8 @@ import chess
 import chess.pgn
 import pytest
 
-from engine import cli
-from engine import match as m
+from uci import cli
+from engine.tools import match as m
 
 pytestmark = pytest.mark.timeout(120)
 

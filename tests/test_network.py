@@ -546,7 +546,7 @@ def test_bench_nn_json(tmp_path, capsys):
     """`cyzero bench nn --json` prints one JSON object with per-variant speeds and the int8 ratio."""
     import json
 
-    from engine.cli import main
+    from uci.cli import main
 
     fp32 = tmp_path / "tiny.onnx"
     int8 = tmp_path / "tiny.int8.onnx"  # named like the bundled variant; the graph is the same
@@ -568,7 +568,7 @@ def test_bench_nn_json(tmp_path, capsys):
 
 
 def test_bench_nn_reports_a_bad_network(tmp_path, capsys):
-    from engine.cli import main
+    from uci.cli import main
 
     bad = tmp_path / "bad.onnx"
     bad.write_text("not a network")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.search import GoParams, Searcher, SearchOptions, q_to_cp, wdl_permille
+from engine.limits import GoParams
+from engine.search import Searcher, SearchOptions, q_to_cp, wdl_permille
 from engine.timeman import TimeManager
 
 

@@ -4,8 +4,9 @@ import itertools
 
 import pytest
 
-from engine.search import GoParams
-from engine.timeman import Budget, TimeManager, estimated_moves_left
+from engine.limits import GoParams
+from engine.limits import Budget
+from engine.timeman import TimeManager, estimated_moves_left
 
 TIMES = [-500, 0, 1, 5, 50, 99, 100, 101, 105, 120, 250, 1_000, 3_000, 10_000,
          60_000, 180_000, 900_000, 5_400_000]

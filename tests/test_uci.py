@@ -91,7 +91,7 @@ def test_uci_handshake_names_engine_and_every_option():
 
 
 def test_importing_the_front_end_loads_nothing_heavy():
-    code = ("import sys, uci.session, uci.__main__, engine.cli; "
+    code = ("import sys, uci.session, uci.__main__, uci.cli; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'onnxruntime', 'torch', 'trainer', 'chess', 'zmq', 'msgpack', 'engine.weights'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

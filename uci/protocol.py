@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from engine.search import GoParams, Info, SearchResult
+from engine.limits import GoParams
+from engine.search import Info, SearchResult
 
 STARTPOS = "startpos"
 

@@ -15,7 +15,8 @@ from typing import Callable, Optional, TextIO
 
 from engine import __version__
 from engine.board import Board
-from engine.search import GoParams, Info, Searcher, SearchOptions, SearchResult
+from engine.limits import GoParams
+from engine.search import Info, Searcher, SearchOptions, SearchResult
 from engine.timeman import TimeManager
 from uci.options import DEFAULT_WEIGHTS, Options
 from uci.protocol import format_bestmove, format_info, parse_go, parse_position, parse_setoption

@@ -25,7 +25,7 @@ Registered so far:
 
 ``tree``
     playouts/s of the Cython MCTS (``engine.tree``) against a plain-Python
-    PUCT search on python-chess (``engine.puct_reference``: Node objects with
+    PUCT search on python-chess (``engine.tools.puct_reference``: Node objects with
     dicts of children, Board push/pop, legal moves per expansion, one playout
     at a time), both with the null evaluator (uniform policy, a draw), from
     the start position and two middlegames.  The headline ratio is equal
@@ -823,7 +823,7 @@ def run_tree_position(name: str, fen: str, seconds: float, batch_size: int) -> d
     in the machine's load hits both alike."""
     import chess
 
-    from engine.puct_reference import PythonPuct
+    from engine.tools.puct_reference import PythonPuct
 
     python = PythonPuct(chess.Board(fen))
     python_seconds = 0.0
@@ -1028,8 +1028,8 @@ def _uci_command(args: argparse.Namespace) -> list[str]:
 
     if args.engine_command:
         return shlex.split(args.engine_command)
-    # What the `cyzero` console script runs (engine.cli -> uci), with this interpreter.
-    return [sys.executable, "-m", "engine.cli"]
+    # What the `cyzero` console script runs (uci.cli), with this interpreter.
+    return [sys.executable, "-m", "uci.cli"]
 
 
 def _add_uci_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1047,7 +1047,7 @@ def _add_uci_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engine's Threads option (default: its own default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random delays and positions")
     parser.add_argument("--engine", dest="engine_command", default=None, metavar="COMMAND",
-                        help="engine command line (default: this Python running engine.cli, i.e. cyzero)")
+                        help="engine command line (default: this Python running uci.cli, i.e. cyzero)")
 
 
 def _uci_configure(engine: _UciProcess, args: argparse.Namespace) -> None:
@@ -1224,7 +1224,7 @@ def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float
     import threading
 
     from engine.board import Board
-    from engine.search import GoParams
+    from engine.limits import GoParams
 
     done = threading.Event()
     searcher.new_game()

@@ -6,7 +6,7 @@ python-chess's asyncio engine API:
 
 - under a clock (``10+0.1``: base seconds + increment), a fixed number of
   nodes, or a fixed time per move;
-- from a bundled set of varied, balanced openings (``engine/openings.txt``),
+- from a bundled set of varied, balanced openings (``engine/tools/openings.txt``),
   each opening played twice with colours reversed, so games come in pairs;
 - K games at once (``--concurrency``), each worker with its own two engine
   processes;
@@ -27,7 +27,7 @@ python-chess's asyncio engine API:
 - a summary: W/L/D from engine1's view, score, Elo difference with a 95%
   interval (trinomial model), LOS, failure counts per engine, time taken.
 
-The command-line arguments are defined in ``engine.cli``; :func:`main` takes
+The command-line arguments are defined by :func:`add_parser`; :func:`main` takes
 the parsed namespace. :func:`run_match` is the programmatic entry point.
 """
 
@@ -1078,7 +1078,7 @@ def parse_resign(text: Optional[str]) -> Optional[tuple]:
 
 
 def config_from_args(args: argparse.Namespace) -> MatchConfig:
-    """The match ``engine.cli`` parsed; MatchError for arguments that make no sense."""
+    """The match :func:`add_parser` parsed; MatchError for arguments that make no sense."""
     e1_command = parse_command(args.engine1) if args.engine1 else default_engine_command()
     e1 = EngineSpec(e1_command, [parse_option(o) for o in args.engine1_option or []], args.engine1_name)
     if args.engine2:
@@ -1135,6 +1135,91 @@ class _QuietInfoLines(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Unexpected engine output: 'info" not in record.getMessage()
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    match = commands.add_parser(
+        "match",
+        help="play one UCI engine against another",
+        description="Play two UCI engines against each other (engine1 is cyzero unless given): "
+        "openings from a bundled balanced set, each played twice with colours reversed; "
+        "prints W/L/D from engine1's view, the Elo difference with a 95% interval, LOS, "
+        "and time forfeits, illegal moves and crashes per engine. Progress goes to stderr.",
+    )
+    for n in (1, 2):
+        default = "cyzero (the console script next to this Python, or `python -m uci`)" if n == 1 else None
+        match.add_argument(
+            f"--engine{n}",
+            metavar="CMD",
+            help=f"engine {n}'s command line, split like a shell does"
+            + (f"; default: {default}" if default else "; or use --stockfish-elo"),
+        )
+        match.add_argument(
+            f"--engine{n}-option",
+            action="append",
+            metavar="NAME=VALUE",
+            help=f"set a UCI option of engine {n} (repeatable)",
+        )
+        match.add_argument(f"--engine{n}-name", metavar="NAME", help=f"engine {n}'s name (default: its `id name`)")
+    match.add_argument(
+        "--stockfish-elo",
+        type=int,
+        metavar="ELO",
+        help="engine2 is Debian's stockfish (unless --engine2 is given) with UCI_LimitStrength "
+        "and this UCI_Elo, clamped into the range the installed stockfish accepts. At fast time "
+        "controls also give it --engine2-option 'Move Overhead=100': Stockfish 15.1 at limited "
+        "strength can overrun a clock of a fraction of a second",
+    )
+    match.add_argument("--games", type=int, default=20, metavar="N", help="games to play (default 20)")
+    limit = match.add_mutually_exclusive_group()
+    limit.add_argument(
+        "--tc", default="10+0.1", metavar="BASE+INC", help="clock: base seconds + increment (default 10+0.1)"
+    )
+    limit.add_argument("--nodes", type=int, metavar="N", help="fixed nodes per move instead of a clock")
+    limit.add_argument("--movetime", type=float, metavar="MS", help="fixed time per move instead of a clock")
+    match.add_argument("--concurrency", type=int, default=1, metavar="K", help="games at once (default 1)")
+    match.add_argument("--openings", metavar="FILE", help="openings: 'ECO | name | moves' lines, FEN/EPD lines or PGN")
+    match.add_argument("--pgn", metavar="OUT.pgn", help="write the games here")
+    match.add_argument("--seed", type=int, metavar="S", help="seed for the order of the openings (default: random)")
+    match.add_argument(
+        "--adjudicate-moves",
+        type=int,
+        default=300,
+        metavar="N",
+        help="draw after N full moves (default 300; 0: never)",
+    )
+    match.add_argument(
+        "--resign",
+        metavar="CP:MOVES",
+        help="adjudicate a loss when, for MOVES moves each, the loser's score is -CP or worse "
+        "and the winner's +CP or better (default: off)",
+    )
+    match.add_argument(
+        "--time-margin",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="how late a move may arrive after the clock ran out (default 0)",
+    )
+    match.add_argument(
+        "--guard",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a move not made within the rest of the clock (or --movetime) plus S seconds is "
+        "stopped and loses on time (default 5)",
+    )
+    match.add_argument(
+        "--nodes-guard",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --nodes, a move not made within S seconds is stopped and loses on time (default 60)",
+    )
+    match.add_argument("--event", default="cyzero match", help="the PGN Event tag")
+    match.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+    match.set_defaults(func=main)
+    return match
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,61 @@
+"""The ``cyzero`` command: the UCI engine, and the tools it dispatches to.
+
+``cyzero``                          speak UCI on stdin/stdout (the default)
+``cyzero perft FEN|startpos DEPTH`` count the leaf nodes of the move tree (``engine.tools.perft``)
+``cyzero bench BENCHMARK``          speed benchmarks (``engine.tools.bench``)
+``cyzero match --engine2 CMD ...``  play two UCI engines against each other (``engine.tools.match``)
+
+This module only parses arguments and dispatches. Results go to stdout and
+progress to stderr in every subcommand. The UCI front end owns the executable,
+so the arrows stay one-way: ``uci -> engine`` (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Imported here: speaking UCI must not pay for python-chess's engine module or numpy.
+    from engine.tools import bench, match, perft
+
+    parser = argparse.ArgumentParser(
+        prog="cyzero",
+        description="cyzero, an AlphaZero-style chess engine. "
+        "With no command it speaks UCI on stdin/stdout.",
+    )
+    parser.add_argument("--version", action="version", version=f"cyzero {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    perft.add_parser(commands)
+    bench.add_parser(commands)
+    match.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if not (argv if argv is not None else sys.argv[1:]):
+        from uci.__main__ import main as uci_main  # the common case: no argparse, no tools
+
+        return uci_main()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command is None:
+            from uci.__main__ import main as uci_main
+
+            return uci_main()
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # e.g. `cyzero perft ... --divide | head`: stop quietly, like other command-line tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+if __name__ == "__main__":
+    sys.exit(main())
