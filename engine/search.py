@@ -22,8 +22,8 @@ import numpy as np
 
 from engine.board import Board
 from engine.limits import Budget, GoParams
+from engine.params import SearchParams
 from engine.timeman import TimeManager
-from engine.tree import DEFAULTS as TREE_DEFAULTS
 from engine.tree import Batch, NNCache, Tree
 
 
@@ -71,6 +71,11 @@ def q_to_cp(q: float) -> int:
     return int(round(90.0 * math.tan(1.5637541897 * q)))
 
 
+def game_ply(board: Board) -> int:
+    """Half-moves since the game's first move, from the fullmove number (as python-chess counts)."""
+    return 2 * (board.fullmove_number - 1) + (0 if board.turn else 1)
+
+
 def wdl_permille(q: float, d: float) -> tuple[int, int, int]:
     """Win/draw/loss in permille (summing to 1000) from Q = W - L and D."""
     d = max(0.0, min(1.0, d))
@@ -81,22 +86,6 @@ def wdl_permille(q: float, d: float) -> tuple[int, int, int]:
     return win, draw, 1000 - win - draw
 
 
-@dataclass
-class SearchOptions:
-    """Engine options that shape the search (the UCI layer keeps these in sync)."""
-
-    minibatch_size: int = 256
-    multipv: int = 1
-    smart_pruning_factor: float = 1.33
-    cache_size: int = 200_000
-    max_tree_bytes: int = 0                     # 0: no limit
-    tree_params: dict = field(default_factory=dict)  # names from engine.tree.DEFAULTS
-    info_interval_s: float = 1.0
-    temperature: float = 0.0                    # > 0: play a move drawn by visits^(1/T)
-    temperature_cutoff_move: int = 0            # from this full move on, play the best move (0: never)
-    seed: Optional[int] = None                  # fixed seed: noise and temperature draws repeat
-
-
 class Searcher:
     """Runs one search at a time on its own thread and reports through callbacks.
 
@@ -105,14 +94,15 @@ class Searcher:
     thread, so a lazy network load is charged to the first move's time.
     """
 
-    def __init__(self, network: Callable[[], object], options: Optional[SearchOptions] = None,
+    def __init__(self, network: Callable[[], object], params: Optional[SearchParams] = None,
                  timeman: Optional[TimeManager] = None) -> None:
         self._network = network
-        self.options = options or SearchOptions()
+        self.params = params or SearchParams()
+        self.info_interval_s = 1.0          # at most this long between info reports
         self.timeman = timeman or TimeManager()
-        self.cache = NNCache(self.options.cache_size)
-        self.tree = Tree(cache=self.cache, max_bytes=self.options.max_tree_bytes,
-                         **{**TREE_DEFAULTS, **self.options.tree_params})
+        self.timeman.move_overhead_ms = self.params.move_overhead_ms
+        self.cache = NNCache(self.params.nn_cache_size)
+        self.tree = Tree(cache=self.cache, max_bytes=self.params.hash_mb << 20, **self.params.tree_settings())
         self._tree_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -137,25 +127,26 @@ class Searcher:
     # -- configuration -------------------------------------------------------
 
     def apply_options(self) -> None:
-        """Re-read ``options`` (between searches)."""
+        """Re-read ``params`` (between searches)."""
         self.wait()
+        params = self.params
         with self._tree_lock:
-            self.tree.configure(**{**TREE_DEFAULTS, **self.options.tree_params})
-            self.tree.max_bytes = self.options.max_tree_bytes
-            if self.cache.capacity != self.options.cache_size:
-                self.cache = NNCache(self.options.cache_size)
-                self.tree = Tree(cache=self.cache, max_bytes=self.options.max_tree_bytes,
-                                 **{**TREE_DEFAULTS, **self.options.tree_params})
+            self.tree.configure(**params.tree_settings())
+            self.tree.max_bytes = params.hash_mb << 20
+            if self.cache.capacity != params.nn_cache_size:
+                self.cache = NNCache(params.nn_cache_size)
+                self.tree = Tree(cache=self.cache, max_bytes=params.hash_mb << 20, **params.tree_settings())
             else:
                 self.cache.clear()  # the policy temperature may have changed
-            self.tree.seed(self.options.seed)
+            self.tree.seed(params.seed or None)
+        self.timeman.move_overhead_ms = params.move_overhead_ms
 
     def new_game(self) -> None:
         """``ucinewgame``: forget the tree, the cache and the time savings."""
         self.wait()
         with self._tree_lock:
             self.tree.reset()
-            self.tree.seed(self.options.seed)   # a fixed seed makes every game's search repeat
+            self.tree.seed(self.params.seed or None)   # a fixed seed makes every game's search repeat
             self.cache.clear()
         self.timeman.reset()
 
@@ -308,7 +299,7 @@ class Searcher:
         # One batch kept across searches: a new 7 MB planes buffer per go cost time, and, freed on
         # a different short-lived search thread each time, left memory behind in glibc's
         # per-thread arenas (RSS crept up over hundreds of games).
-        size = max(1, self.options.minibatch_size)
+        size = max(1, self.params.minibatch_size)
         batch = self._batch
         if batch is None or batch.capacity != size or len(batch):
             batch = self._batch = Batch(size)
@@ -334,7 +325,7 @@ class Searcher:
                     batch.backup(policy, wdl, mlh)
                 best = self.tree.best_move()
                 now = time.monotonic()
-                if best != last_best or now - last_info >= self.options.info_interval_s:
+                if best != last_best or now - last_info >= self.info_interval_s:
                     last_best = best
                     last_info = now
                     info = self.info()
@@ -377,7 +368,7 @@ class Searcher:
 
     def _pruned(self, elapsed_ms: float, soft_ms: float) -> bool:
         """Smart pruning: no other move can catch the best one in the time that is left."""
-        factor = self.options.smart_pruning_factor
+        factor = self.params.smart_pruning_factor
         if factor <= 0 or elapsed_ms < 100 or self.tree.playouts < 100:
             return False
         nps = self.tree.playouts / (elapsed_ms / 1000.0)
@@ -430,9 +421,9 @@ class Searcher:
         has_info = bool(self.tree.playouts or self.tree.nodes)
         best = None
         if self.tree.nodes:
-            temperature = self.options.temperature
-            cutoff = self.options.temperature_cutoff_move
-            if cutoff and self._board.fullmove_number >= cutoff:
+            temperature = self.params.temperature
+            cutoff = self.params.temp_cutoff_ply
+            if cutoff and game_ply(self._board) >= cutoff:
                 temperature = 0.0
             best = self.tree.choose_move(temperature) if temperature > 0 else self.tree.best_move()
         allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
@@ -478,7 +469,7 @@ class Searcher:
             children = [c for c in children if c["move"] in self._go.searchmoves] or children
         if first is not None:
             children = sorted(children, key=lambda c: c["move"] != first)  # stable: the rest keep their order
-        for rank, child in enumerate(children[: max(1, self.options.multipv)], start=1):
+        for rank, child in enumerate(children[: max(1, self.params.multipv)], start=1):
             if child["n"] == 0 and child["proven"] is None and rank > 1:
                 break
             q = child["q"] if child["q"] is not None else -tree.root_q[0]

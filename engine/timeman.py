@@ -107,10 +107,11 @@ from dataclasses import replace
 from typing import Optional
 
 from engine.limits import Budget, GoParams
+from engine.params import SearchParams
 
 __all__ = ["TimeManager", "estimated_moves_left"]
 
-DEFAULT_MOVE_OVERHEAD_MS = 100
+DEFAULT_MOVE_OVERHEAD_MS = SearchParams.row("move_overhead_ms").default
 
 
 def estimated_moves_left(ply: int, midpoint: float = 51.5, steepness: float = 7.0) -> float:

@@ -9,7 +9,8 @@ import pytest
 
 from engine.board import Board
 from engine.limits import GoParams
-from engine.search import Searcher, SearchOptions, q_to_cp, wdl_permille
+from engine.params import SearchParams
+from engine.search import Searcher, q_to_cp, wdl_permille
 from engine.timeman import TimeManager
 
 
@@ -58,8 +59,7 @@ def run(searcher, board, go, timeout=10.0):
 
 @pytest.fixture
 def searcher():
-    return Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=32),
-                    TimeManager(move_overhead_ms=0))
+    return Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32, move_overhead_ms=0))
 
 
 def test_nodes_limit_is_reached_and_move_is_legal(searcher):
@@ -86,8 +86,7 @@ def test_movetime_is_respected(searcher):
 
 def test_hard_deadline_does_not_wait_for_a_slow_batch():
     """A batch that takes 300 ms must not hold back the best move of a 100 ms search."""
-    s = Searcher(lambda: FakeNetwork(delay=0.3), SearchOptions(minibatch_size=32),
-                 TimeManager(move_overhead_ms=0))
+    s = Searcher(lambda: FakeNetwork(delay=0.3), SearchParams(minibatch_size=32, move_overhead_ms=0))
     t0 = time.monotonic()
     rec = run(s, Board(), GoParams(movetime=100))
     assert rec.best_at - t0 < 0.2
@@ -95,7 +94,7 @@ def test_hard_deadline_does_not_wait_for_a_slow_batch():
 
 
 def test_stop_answers_at_once_with_exactly_one_bestmove():
-    s = Searcher(lambda: FakeNetwork(delay=0.05), SearchOptions(minibatch_size=32))
+    s = Searcher(lambda: FakeNetwork(delay=0.05), SearchParams(minibatch_size=32))
     rec = Recorder()
     s.start(Board(), GoParams(infinite=True), rec.info, rec.best)
     time.sleep(0.3)
@@ -111,7 +110,7 @@ def test_stop_answers_at_once_with_exactly_one_bestmove():
 
 
 def test_infinite_never_ends_by_itself_even_when_solved():
-    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=16))
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
     rec = Recorder()
     s.start(Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 1"), GoParams(infinite=True), rec.info, rec.best)
     time.sleep(0.5)
@@ -123,7 +122,7 @@ def test_infinite_never_ends_by_itself_even_when_solved():
 
 
 def test_ponder_then_ponderhit_becomes_a_timed_search():
-    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=16), TimeManager(move_overhead_ms=0))
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16, move_overhead_ms=0))
     rec = Recorder()
     s.start(Board(), GoParams(ponder=True, movetime=150), rec.info, rec.best)
     time.sleep(0.3)
@@ -136,7 +135,7 @@ def test_ponder_then_ponderhit_becomes_a_timed_search():
 
 
 def test_ponder_miss_stop_reports_once():
-    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=16))
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
     rec = Recorder()
     s.start(Board(), GoParams(ponder=True, wtime=10000, btime=10000), rec.info, rec.best)
     time.sleep(0.1)
@@ -186,7 +185,7 @@ def test_searchmoves_restricts_the_choice(searcher):
 
 
 def test_multipv_reports_distinct_legal_lines():
-    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=32, multipv=3))
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32, multipv=3))
     rec = run(s, Board(), GoParams(nodes=500))
     final = rec.results[0].info
     assert [line.multipv for line in final.lines] == [1, 2, 3]
@@ -209,8 +208,7 @@ def test_info_fields_are_sane(searcher):
 
 
 def test_network_failure_still_gives_a_bestmove():
-    s = Searcher(lambda: FakeNetwork(fail=True), SearchOptions(minibatch_size=8),
-                 TimeManager(move_overhead_ms=0))
+    s = Searcher(lambda: FakeNetwork(fail=True), SearchParams(minibatch_size=8, move_overhead_ms=0))
     logs = []
     s.log = logs.append
     rec = run(s, Board(), GoParams(movetime=100))
@@ -242,8 +240,8 @@ def test_cp_and_wdl_mappings():
 def test_fixed_seed_with_noise_and_temperature_repeats_the_game():
     """Self-play knobs: Dirichlet noise and temperature with a fixed seed give the same moves."""
     def play(seed):
-        opts = SearchOptions(minibatch_size=16, temperature=1.0, temperature_cutoff_move=3, seed=seed,
-                             tree_params={"noise_epsilon": 0.25, "noise_alpha": 0.3})
+        opts = SearchParams(minibatch_size=16, temperature=1.0, temp_cutoff_ply=5, seed=seed,
+                            noise_epsilon=0.25, noise_alpha=0.3)
         s = Searcher(lambda: FakeNetwork(), opts)
         s.apply_options()
         s.new_game()
@@ -260,13 +258,14 @@ def test_fixed_seed_with_noise_and_temperature_repeats_the_game():
 
 
 def test_temperature_cutoff_plays_the_best_move():
-    opts = SearchOptions(minibatch_size=16, temperature=50.0, temperature_cutoff_move=1, seed=1)
+    # Ply 2 of the game (white's second move): at or past the cutoff of 2 plies, no sampling.
+    opts = SearchParams(minibatch_size=16, temperature=50.0, temp_cutoff_ply=2, seed=1)
     s = Searcher(lambda: FakeNetwork(), opts)
-    rec = run(s, Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 1"), GoParams(nodes=300))
+    rec = run(s, Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 2"), GoParams(nodes=300))
     assert rec.results[0].best == "a1a8"
 
 
 def test_nodes_limit_is_not_overshot_by_a_batch():
-    s = Searcher(lambda: FakeNetwork(), SearchOptions(minibatch_size=256))
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=256))
     run(s, Board(), GoParams(nodes=50))
     assert 50 <= s.tree.nodes <= 60

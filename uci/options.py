@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from engine.params import Param, SearchParams
+
 DEFAULT_WEIGHTS = "<default>"
 
 
@@ -93,43 +95,37 @@ class Option:
         return text
 
 
-def _float(name: str, default: float, lo: float, hi: float) -> Option:
-    return Option(name, "string", default, lo, hi, is_float=True)
+def search_option(row: Param) -> Option:
+    """The UCI option of one search parameter (floats are declared as strings, as lc0 does)."""
+    if row.type is bool:
+        return Option(row.uci, "check", row.default)
+    if row.type is int:
+        return Option(row.uci, "spin", row.default, row.min, row.max)
+    return Option(row.uci, "string", row.default, row.min, row.max, is_float=True)
 
 
 def engine_options() -> list[Option]:
-    """Every option cyzero declares, with valid defaults (lichess-bot's defaults all fit)."""
+    """Every option cyzero declares, with valid defaults (lichess-bot's defaults all fit).
+
+    The search's options come from :class:`engine.params.SearchParams`, the
+    one table of search parameters; the rest choose the network and the protocol.
+    """
     cpus = os.cpu_count() or 1
     return [
         Option("WeightsFile", "string", DEFAULT_WEIGHTS),
         Option("Backend", "combo", "auto", choices=("auto", "cuda", "tensorrt", "cpu")),
         Option("GPU", "spin", 0, 0, 15),
         Option("Threads", "spin", min(cpus, 4), 1, 512),
-        Option("Hash", "spin", 256, 1, 1 << 20),
-        Option("NNCacheSize", "spin", 200000, 0, 100_000_000),
-        Option("MinibatchSize", "spin", 256, 1, 4096),
-        Option("Move Overhead", "spin", 100, 0, 10000),
         Option("Ponder", "check", False),
-        Option("MultiPV", "spin", 1, 1, 500),
         Option("UCI_ShowWDL", "check", False),
         Option("UCI_Chess960", "check", False),
         Option("UCI_AnalyseMode", "check", False),
         Option("SyzygyPath", "string", ""),
         Option("OwnBook", "check", False),
         Option("BookFile", "string", ""),
-        _float("CPuct", 1.745, 0.0, 100.0),
-        _float("CPuctBase", 38739.0, 1.0, 1e9),
-        _float("CPuctFactor", 3.894, 0.0, 1000.0),
-        _float("FpuValue", 0.330, -100.0, 100.0),
-        _float("PolicyTemperature", 1.359, 0.1, 10.0),
-        _float("Temperature", 0.0, 0.0, 100.0),
-        Option("TempCutoffMove", "spin", 0, 0, 10000),
-        _float("NoiseEpsilon", 0.0, 0.0, 1.0),
-        _float("NoiseAlpha", 0.3, 0.001, 100.0),
-        Option("Seed", "spin", 0, 0, 2**31 - 1),
-        _float("SmartPruningFactor", 1.33, 0.0, 10.0),
         Option("TrainerEndpoint", "string", ""),
         Option("Clear Hash", "button", None),
+        *(search_option(row) for row in SearchParams.table() if row.uci is not None),
     ]
 
 

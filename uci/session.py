@@ -16,8 +16,8 @@ from typing import Callable, Optional, TextIO
 from engine import __version__
 from engine.board import Board
 from engine.limits import GoParams
-from engine.search import Info, Searcher, SearchOptions, SearchResult
-from engine.timeman import TimeManager
+from engine.params import SearchParams
+from engine.search import Info, Searcher, SearchResult
 from uci.options import DEFAULT_WEIGHTS, Options
 from uci.protocol import format_bestmove, format_info, parse_go, parse_position, parse_setoption
 
@@ -57,7 +57,7 @@ class Session:
         self.board = Board()
         self._base_fen: Optional[str] = None
         self._moves: list[str] = []
-        self.searcher = Searcher(self._network, SearchOptions(), TimeManager())
+        self.searcher = Searcher(self._network)
         self.searcher.log = self.info_string
         self._dirty_options: set[str] = set()
         self._book = None
@@ -240,24 +240,10 @@ class Session:
 
     def _apply_options(self, names: set[str]) -> None:
         o = self.options
-        search = self.searcher.options
-        search.minibatch_size = o["MinibatchSize"]
-        search.multipv = o["MultiPV"]
-        search.smart_pruning_factor = o["SmartPruningFactor"]
-        search.cache_size = o["NNCacheSize"]
-        search.max_tree_bytes = o["Hash"] << 20
-        search.temperature = o["Temperature"]
-        search.temperature_cutoff_move = o["TempCutoffMove"]
-        search.seed = o["Seed"] or None
-        search.tree_params = dict(cpuct=o["CPuct"], cpuct_base=o["CPuctBase"], cpuct_factor=o["CPuctFactor"],
-                                  cpuct_root=o["CPuct"], cpuct_base_root=o["CPuctBase"],
-                                  cpuct_factor_root=o["CPuctFactor"], fpu_value=o["FpuValue"],
-                                  fpu_value_root=o["FpuValue"], policy_temperature=o["PolicyTemperature"],
-                                  noise_epsilon=o["NoiseEpsilon"], noise_alpha=o["NoiseAlpha"])
-        self.searcher.timeman.move_overhead_ms = o["Move Overhead"]
-        if names & {"minibatchsize", "multipv", "smartpruningfactor", "nncachesize", "hash", "temperature",
-                    "cpuct", "cpuctbase", "cpuctfactor", "fpuvalue", "policytemperature", "clear hash",
-                    "noiseepsilon", "noisealpha", "seed", "tempcutoffmove"}:
+        params = SearchParams.from_uci(o.__getitem__)
+        changed = params != self.searcher.params
+        self.searcher.params = params
+        if changed or "clear hash" in names:
             self.searcher.apply_options()
         if "clear hash" in names:
             self.searcher.new_game()

@@ -1250,7 +1250,8 @@ def bench_search(args: argparse.Namespace) -> int:
     import numpy as np
 
     from engine.network import Network
-    from engine.search import Searcher, SearchOptions
+    from engine.params import SearchParams
+    from engine.search import Searcher
     from engine.timeman import TimeManager
     from engine.weights import default_weights_path
 
@@ -1262,8 +1263,8 @@ def bench_search(args: argparse.Namespace) -> int:
                   log=notes.append)
     counted = _CountingNetwork(net)
     # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
-    searcher = Searcher(lambda: counted, SearchOptions(minibatch_size=args.batch, smart_pruning_factor=0.0),
-                        TimeManager(move_overhead_ms=0, safety_ms=0))
+    searcher = Searcher(lambda: counted, SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0),
+                        TimeManager(safety_ms=0))
     planes, _ = _nn_inputs(args.batch)
     policy = np.empty((args.batch, 1858), np.float32)
     wdl = np.empty((args.batch, 3), np.float32)
