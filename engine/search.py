@@ -60,9 +60,10 @@ class Info:
 
 @dataclass
 class SearchResult:
-    best: Optional[str]      # None when the root has no legal move
+    best: Optional[str]      # None when the root has no legal move, or when ``error`` is set
     ponder: Optional[str]
     info: Optional[Info]
+    error: Optional[str] = None   # the search could not run (no network): say so, play no move
 
 
 def q_to_cp(q: float) -> int:
