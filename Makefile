@@ -1,21 +1,32 @@
 # cyzero: set up, build, run, test.
 #
 #   make engine   set up .venv, build the Cython core, start the UCI engine
-#   make test     same set-up, then the whole test suite
+#   make test     same set-up, then the whole test suite, in parallel
 #   make bench    same set-up, then `cyzero bench perft`
 #
+# `make engine` is a UCI engine command: stdout carries nothing but UCI, so every
+# recipe is silent (@) and pip's and the compiler's output goes to stderr (>&2).
+# From another folder use `make -s -C /path/to/cyzero engine`: -s keeps make's
+# "Entering directory" lines off stdout.
+#
 # TORCH is installed on its own, before the project, so that no dependency
-# pulls an unpinned (multi-GB CUDA) torch: `make TORCH='torch==2.14.1' test`.
+# pulls an unpinned (multi-GB CUDA) torch. It is a pip requirement followed by
+# pip options if you like, e.g. a CPU-only build:
+#   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' test
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TESTS ?= tests
 ARGS ?=
 
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 STAMP := $(VENV)/.cyzero-installed
 TORCH_SPEC := $(VENV)/.cyzero-torch
+# The Cython core was built from these sources: the engine starts without running setup.py again.
+BUILT := $(VENV)/.cyzero-built
+CORE_SOURCES := $(wildcard cython_src/*.pyx) $(wildcard engine/*.pxd) setup.py
 
 .PHONY: all venv install build engine train test bench clean distclean FORCE
 
@@ -24,46 +35,59 @@ all: build
 venv install: $(STAMP)
 
 # Rewritten only when the TORCH spec changes, so that a new spec reinstalls.
+# printf, not echo: the spec goes into the file as one word-for-word line.
 $(TORCH_SPEC): FORCE
-	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	@echo '$(TORCH)' | cmp -s - $@ || echo '$(TORCH)' > $@
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
+	@printf '%s\n' "$$CYZERO_TORCH" | cmp -s - $@ || printf '%s\n' "$$CYZERO_TORCH" > $@
+
+# The TORCH spec reaches the shell through the environment, never pasted into a
+# recipe: quotes in it cannot break out. It is split into words on purpose
+# (requirement, then pip options); each word is still passed to pip as one argument.
+export CYZERO_TORCH := $(TORCH)
 
 $(STAMP): setup.py pyproject.toml $(TORCH_SPEC)
-	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install '$(TORCH)'
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
+	@$(PIP) install --upgrade pip >&2
+	@set -f; $(PIP) install $$CYZERO_TORCH >&2
 	@# onnxruntime and onnxruntime-gpu are one import package: never keep both.
 	@if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && $(PIP) show -q onnxruntime >/dev/null 2>&1; then \
-		echo "removing plain onnxruntime: onnxruntime-gpu replaces it on Linux x86_64"; \
-		$(PIP) uninstall -y onnxruntime; \
+		echo "removing plain onnxruntime: onnxruntime-gpu replaces it on Linux x86_64" >&2; \
+		$(PIP) uninstall -y onnxruntime >&2; \
 		if $(PIP) show -q onnxruntime-gpu >/dev/null 2>&1; then \
-			$(PIP) install --force-reinstall --no-deps onnxruntime-gpu; \
+			$(PIP) install --force-reinstall --no-deps onnxruntime-gpu >&2; \
 		fi; \
 	fi
 	@# The build needs Cython and numpy in the venv itself: `make build` compiles in place.
-	$(PIP) install 'cython>=3.0' numpy setuptools wheel
-	$(PIP) install --no-build-isolation -e '.[train,dev]'
-	touch $@
+	@$(PIP) install 'cython>=3.0' numpy setuptools wheel >&2
+	@$(PIP) install --no-build-isolation -e '.[train,dev]' >&2
+	@touch $@
 
-# Always run: Cython and the compiler only redo what changed.
+# Only when a .pyx, a .pxd or setup.py changed since the last build (or the venv is new).
+$(BUILT): $(STAMP) $(CORE_SOURCES)
+	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@touch $@
+
+# Always runs: Cython and the compiler only redo what changed.
 build: $(STAMP)
-	$(VPY) setup.py build_ext --inplace -j 2
+	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@touch $(BUILT)
 
-engine: build
-	exec $(VENV)/bin/cyzero $(ARGS)
+engine: $(BUILT)
+	@exec $(VENV)/bin/cyzero $(ARGS)
 
-train: build
-	exec $(VENV)/bin/cyzero-train $(ARGS)
+train: $(BUILT)
+	@exec $(VENV)/bin/cyzero-train $(ARGS)
 
-test: build
-	$(VPY) -m pytest -q tests $(ARGS)
+# pytest-xdist: one worker per core. ARGS adds pytest options, TESTS picks files.
+test: $(BUILT)
+	$(VPY) -m pytest -q -n auto $(TESTS) $(ARGS)
 
-bench: build
+bench: $(BUILT)
 	$(VENV)/bin/cyzero bench perft $(ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
-	rm -f cython_src/*.c cython_src/*.html engine/*.so
+	rm -f cython_src/*.c cython_src/*.html engine/*.so $(BUILT)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
