@@ -1,0 +1,127 @@
+"""The house's arrows (docs/architecture.md): who may import whom, and no cycles.
+
+Read from the source with :mod:`ast`, so every import counts: at module
+level, inside functions, and under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections import defaultdict
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOMS = ("engine", "uci", "trainer")
+_CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w.]+))", re.M)
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, REPO)[: -len(".py")].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _modules() -> dict[str, str]:
+    """{module name: source path} for every Python module of the three rooms, plus the Cython core."""
+    found = {}
+    for room in ROOMS:
+        for folder, _, files in os.walk(os.path.join(REPO, room)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    found[_module_name(path)] = path
+    for name in os.listdir(os.path.join(REPO, "cython_src")):
+        if name.endswith(".pyx"):
+            found[f"engine.{name[:-4]}"] = os.path.join(REPO, "cython_src", name)
+    return found
+
+
+def _imports(path: str, module: str) -> set[str]:
+    """Every absolute module name that ``path`` imports (relative imports resolved)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".pyx"):
+        # Cython is not Python: read the module names of its import and cimport lines.
+        return {m.group(1) or m.group(2) for m in _CYTHON_IMPORT.finditer(text)}
+    tree = ast.parse(text)
+    names = set()
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+MODULES = _modules()
+GRAPH = {module: _imports(path, module) for module, path in MODULES.items()}
+
+
+def _room(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _is_tool(name: str) -> bool:
+    return name == "engine.tools" or name.startswith("engine.tools.")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m) in ("engine", "uci")))
+def test_engine_and_uci_never_import_torch_or_trainer(module):
+    bad = sorted(n for n in GRAPH[module] if _room(n) in ("torch", "trainer"))
+    assert not bad, f"{module} imports {bad}: the engine must install and start without torch"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m) == "engine"))
+def test_engine_never_imports_uci(module):
+    bad = sorted(n for n in GRAPH[module] if _room(n) == "uci")
+    assert not bad, f"{module} imports {bad}: arrows go uci -> engine"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m) == "engine" and not _is_tool(m)))
+def test_the_playing_engine_never_imports_its_tools(module):
+    bad = sorted(n for n in GRAPH[module] if _is_tool(n))
+    assert not bad, f"{module} imports {bad}: bench, match, perft and the reference are tooling"
+
+
+def test_no_import_cycles_between_project_modules():
+    edges = defaultdict(set)
+    for module, names in GRAPH.items():
+        for name in names:
+            target = name
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            # A package's __init__ is not an edge back into its own modules.
+            if target and target != module and not module.startswith(target + "."):
+                edges[module].add(target)
+    visiting, done, cycles = set(), set(), []
+
+    def visit(node, path):
+        visiting.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt in visiting:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        visiting.discard(node)
+        done.add(node)
+
+    for module in sorted(MODULES):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_graph_sees_known_arrows():
+    """The checks above are only as good as the graph: it must see imports we know exist."""
+    assert "engine.search" in GRAPH["uci.session"]
+    assert "engine.limits" in GRAPH["engine.timeman"]
+    assert any(n.startswith("engine.board") for n in GRAPH["engine.tree"])
+    assert any(n.startswith("engine.tools") for n in GRAPH["uci.cli"])
