@@ -59,7 +59,7 @@ import chess.pgn
 OPENINGS_PATH = Path(__file__).with_name("openings.txt")
 STOCKFISH_FALLBACK = "/usr/games/stockfish"  # Debian installs it outside the usual PATH
 
-STARTUP_TIMEOUT = 60.0  # seconds for an engine to start and answer `uci`
+HANDSHAKE_TIMEOUT = 10.0  # default seconds for an engine to start and answer `uci` with `uciok`
 READY_TIMEOUT = 30.0  # seconds to answer `isready` after `ucinewgame`
 QUIT_TIMEOUT = 5.0  # seconds to exit after `quit` before it is killed
 KILL_WAIT = 5.0  # seconds to wait for a killed engine's last command to finish
@@ -353,9 +353,11 @@ _FALSE = {"false", "0", "no", "off"}
 class _Engine:
     """One engine process of one worker: start, configure, play moves, restart, close."""
 
-    def __init__(self, spec: EngineSpec, label: str, stats: EngineStats, notes: Callable[[str], None]):
+    def __init__(self, spec: EngineSpec, label: str, stats: EngineStats, notes: Callable[[str], None],
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.spec = spec
         self.label = label
+        self.handshake_timeout = handshake_timeout
         self.stats = stats
         self.notes = notes
         self.transport: Optional[asyncio.SubprocessTransport] = None
@@ -383,11 +385,14 @@ class _Engine:
             raise MatchError(f"{self.label}: cannot start {command!r}: {e.strerror or e}") from None
         self.transport, self.protocol = transport, protocol
         try:
-            await asyncio.wait_for(protocol.initialize(), STARTUP_TIMEOUT)
+            await asyncio.wait_for(protocol.initialize(), self.handshake_timeout)
             await self._configure(protocol)
         except asyncio.TimeoutError:
             await self.kill()
-            raise MatchError(f"{self.label}: {command!r} did not answer `uci` within {STARTUP_TIMEOUT:g} s") from None
+            raise MatchError(
+                f"{self.label}: {command!r} did not answer `uci` with `uciok` within {self.handshake_timeout:g} s: "
+                "is it a UCI engine? (--handshake-timeout S waits longer)"
+            ) from None
         except chess.engine.EngineTerminatedError as e:
             await self.kill()
             raise MatchError(f"{self.label}: {command!r} exited during start-up ({e})") from None
@@ -568,6 +573,7 @@ class MatchConfig:
     time_margin: float = 0.0  # seconds a move may arrive after the clock ran out
     guard: float = 5.0  # hard wall-clock slack per move beyond the time the engine may use
     nodes_guard: float = 60.0  # hard wall-clock limit per move with a nodes limit
+    handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds to start and answer `uci` with `uciok`
     event: str = "cyzero match"
 
 
@@ -792,8 +798,8 @@ class _Match:
 
         self.pairs = [
             (
-                _Engine(cfg.engine1, "engine1", self.stats[0], self.note),
-                _Engine(cfg.engine2, "engine2", self.stats[1], self.note),
+                _Engine(cfg.engine1, "engine1", self.stats[0], self.note, cfg.handshake_timeout),
+                _Engine(cfg.engine2, "engine2", self.stats[1], self.note, cfg.handshake_timeout),
             )
             for _ in range(workers)
         ]
@@ -1107,6 +1113,8 @@ def config_from_args(args: argparse.Namespace) -> MatchConfig:
     for name in ("guard", "nodes_guard", "time_margin"):
         if getattr(args, name) < 0:
             raise MatchError(f"--{name.replace('_', '-')} must be 0 or more")
+    if not args.handshake_timeout > 0:
+        raise MatchError(f"--handshake-timeout must be above 0 seconds, got {args.handshake_timeout:g}")
     if args.adjudicate_moves < 0:
         raise MatchError("--adjudicate-moves must be 0 (never) or more")
     openings = load_openings(args.openings) if args.openings else load_openings()
@@ -1125,6 +1133,7 @@ def config_from_args(args: argparse.Namespace) -> MatchConfig:
         time_margin=args.time_margin / 1000.0,
         guard=args.guard,
         nodes_guard=args.nodes_guard,
+        handshake_timeout=args.handshake_timeout,
         event=args.event,
     )
 
@@ -1215,6 +1224,14 @@ def add_parser(commands) -> argparse.ArgumentParser:
         default=60.0,
         metavar="S",
         help="with --nodes, a move not made within S seconds is stopped and loses on time (default 60)",
+    )
+    match.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=HANDSHAKE_TIMEOUT,
+        metavar="S",
+        help=f"an engine that does not answer `uci` with `uciok` within S seconds of starting is "
+        f"not a UCI engine: the match stops with an error (default {HANDSHAKE_TIMEOUT:g})",
     )
     match.add_argument("--event", default="cyzero match", help="the PGN Event tag")
     match.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
