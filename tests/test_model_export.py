@@ -4,11 +4,14 @@ bundled default network."""
 import os
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-torch = pytest.importorskip("torch")
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+from engine import encoding
+
+TRAIN_EXTRA = "needs the train extra: pip install 'cyzero[train]'"
+torch = pytest.importorskip("torch", reason=TRAIN_EXTRA)
+onnx = pytest.importorskip("onnx", reason=TRAIN_EXTRA)
 
 from trainer import atomic  # noqa: E402
 from trainer.export import (  # noqa: E402
@@ -84,7 +87,6 @@ def test_config_rejects_bad_fields():
 
 
 def test_policy_map_matches_encoder():
-    encoding = pytest.importorskip("engine.encoding")
     moves, flat = policy_index_and_map()
     assert list(encoding.POLICY_INDEX) == moves
     assert len(set(flat)) == 1858 and max(flat) < 73 * 64
@@ -381,7 +383,6 @@ def test_bundled_default_networks(variant, name):
     sess = session(path)
     assert [(i.name, i.type, i.shape[1:]) for i in sess.get_inputs()] == [(INPUT_NAME, "tensor(float)", [112, 8, 8])]
     assert [(o.name, o.type) for o in sess.get_outputs()] == [(n, "tensor(float)") for n in OUTPUTS]
-    encoding = pytest.importorskip("engine.encoding")
     planes = np.stack([encoding.encode_position(), encoding.encode_position(None, ["e2e4"])])
     policy, wdl, mlh = sess.run(None, {INPUT_NAME: planes})
     assert policy.shape == (2, 1858) and np.all(np.isfinite(policy))
