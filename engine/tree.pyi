@@ -9,8 +9,6 @@ from typing_extensions import Self, disjoint_base
 
 from engine.board import Board
 
-DEFAULTS: dict[str, float]
-
 class _RootChild(TypedDict):
     """One entry of Tree.root_children(); q and proven are seen by the side to move at the root."""
 
@@ -61,6 +59,7 @@ class Tree:
         **params: float,
     ) -> None: ...
     def configure(self, **params: float) -> None: ...
+    def settings(self) -> dict[str, float | bool]: ...
     def seed(self, seed: int | None = None) -> None: ...
     @property
     def max_bytes(self) -> int: ...
