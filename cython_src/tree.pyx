@@ -12,10 +12,10 @@ Values are stored from the view of the player who moved into the node, so a
 parent picks the child with the highest ``wl`` directly.
 """
 
-import math
-
 import numpy as np
 cimport numpy as cnp
+
+from engine.params import SearchParams
 
 from libc.math cimport sqrtf, logf, powf
 from libc.stdlib cimport malloc, realloc, free, calloc
@@ -596,10 +596,8 @@ cdef class NNCache:
 # ---------------------------------------------------------------------------
 # The tree.
 
-DEFAULTS = dict(cpuct=1.745, cpuct_base=38739.0, cpuct_factor=3.894,
-                cpuct_root=1.745, cpuct_base_root=38739.0, cpuct_factor_root=3.894,
-                fpu_value=0.330, fpu_value_root=0.330, policy_temperature=1.359,
-                noise_epsilon=0.0, noise_alpha=0.3, two_fold_draws=True)
+# The tree's settings and their checks come from the one table of search parameters.
+_SETTINGS = {row.name: row for row in SearchParams.table() if row.tree}
 
 
 cdef class Tree:
@@ -632,37 +630,28 @@ cdef class Tree:
 
     def __init__(self, Board board=None, *, NNCache cache=None, seed=None, max_bytes=0, **params):
         self.cache = cache
-        self.configure(**{**DEFAULTS, **params})
+        self.configure(**{**SearchParams().tree_settings(), **params})
         self.seed(seed)
         self.core.max_bytes = max_bytes
         self._searchmoves = None
         self.set_position(board if board is not None else Board())
 
     def configure(self, **params):
-        """Set search parameters by name (see ``DEFAULTS``); all are checked before any is set."""
+        """Set search parameters by name (the rows of ``engine.params.SearchParams`` marked
+        ``tree``), each checked by its row; all are checked before any is set."""
         checked = {}
         for name, value in params.items():
-            if name not in DEFAULTS:
-                raise ValueError(f"unknown search parameter {name!r}")
-            if name == "two_fold_draws":
-                checked[name] = bool(value)
-                continue
-            value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}")
-            if name in ("cpuct_base", "cpuct_base_root", "policy_temperature", "noise_alpha") and value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-            if name in ("cpuct", "cpuct_root", "cpuct_factor", "cpuct_factor_root") and value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-            if name == "noise_epsilon" and not 0.0 <= value <= 1.0:
-                raise ValueError(f"noise_epsilon must be within [0, 1], got {value}")
-            checked[name] = value
-        cdef Params* p = &self.core.params
+            row = _SETTINGS.get(name)
+            if row is None:
+                raise ValueError(f"unknown search parameter {name!r}; the tree takes "
+                                 f"{', '.join(sorted(_SETTINGS))}")
+            checked[name] = row.check(value)
         for name, value in checked.items():
-            if name == "two_fold_draws":
-                p.two_fold_draws = value
-            else:
-                setattr_params(p, name, value)
+            _set_param(&self.core.params, name, value)
+
+    def settings(self):
+        """The settings in force, by name, as the tree holds them (float32)."""
+        return _params_dict(&self.core.params)
 
     def seed(self, seed=None):
         """Seed the tree's random numbers (Dirichlet noise, temperature); None picks one."""
@@ -984,20 +973,29 @@ cdef class Tree:
         return line
 
     def choose_move(self, double temperature):
-        """Pick a root move with probability proportional to N^(1/temperature) (self-play)."""
+        """Pick a root move with probability proportional to N^(1/temperature) (self-play).
+
+        Weights are taken relative to the most visited move, so that no power overflows at a
+        low temperature; the move is the first whose cumulative weight exceeds the draw.
+        """
         children = [c for c in self.root_children() if c["n"] > 0]
         if not children:
             return self.best_move()
         if temperature <= 0:
             return children[0]["move"]
-        weights = [c["n"] ** (1.0 / temperature) for c in children]
-        total = sum(weights)
-        r = _uniform(&self.core) * total
-        for c, w in zip(children, weights):
-            r -= w
-            if r <= 0:
-                return c["move"]
-        return children[-1]["move"]
+        cdef double top = max(c["n"] for c in children)
+        cdef double total = 0.0
+        cdef list bounds = []
+        for c in children:
+            total += (c["n"] / top) ** (1.0 / temperature)
+            bounds.append(total)
+        cdef double r = _uniform(&self.core) * total
+        cdef Py_ssize_t i
+        for i in range(len(children)):
+            if r < <double>bounds[i]:
+                return children[i]["move"]
+        # Only a draw of exactly 1.0 gets here (r == total): the last move with visits.
+        return children[len(children) - 1]["move"]
 
     def visit_distribution(self):
         """{uci: visits} over the root moves (the self-play policy target)."""
@@ -1037,7 +1035,8 @@ cdef inline bint _in_filter(const TreeCore* t, Move m) noexcept nogil:
     return False
 
 
-cdef void setattr_params(Params* p, str name, float value):
+cdef int _set_param(Params* p, str name, object value) except -1:
+    """Store one checked setting in the C struct (a table row the struct lacks is a bug here)."""
     if name == "cpuct": p.cpuct = value
     elif name == "cpuct_base": p.cpuct_base = value
     elif name == "cpuct_factor": p.cpuct_factor = value
@@ -1049,6 +1048,19 @@ cdef void setattr_params(Params* p, str name, float value):
     elif name == "policy_temperature": p.policy_temperature = value
     elif name == "noise_epsilon": p.noise_epsilon = value
     elif name == "noise_alpha": p.noise_alpha = value
+    elif name == "two_fold_draws": p.two_fold_draws = value
+    else:
+        raise AssertionError(f"the tree has no field for the search parameter {name!r}")
+    return 0
+
+
+cdef dict _params_dict(const Params* p):
+    return dict(cpuct=p.cpuct, cpuct_base=p.cpuct_base, cpuct_factor=p.cpuct_factor,
+                cpuct_root=p.cpuct_root, cpuct_base_root=p.cpuct_base_root,
+                cpuct_factor_root=p.cpuct_factor_root, fpu_value=p.fpu_value,
+                fpu_value_root=p.fpu_value_root, policy_temperature=p.policy_temperature,
+                noise_epsilon=p.noise_epsilon, noise_alpha=p.noise_alpha,
+                two_fold_draws=bool(p.two_fold_draws))
 
 
 cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noexcept nogil:

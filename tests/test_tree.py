@@ -27,7 +27,8 @@ import pytest
 
 from engine import encoding
 from engine.board import Board
-from engine.tree import DEFAULTS, Batch, NNCache, Tree
+from engine.params import SearchParams
+from engine.tree import Batch, NNCache, Tree
 
 from encoding_reference import PIECE_ORDER, reference_legal_softmax, reference_move_index
 
@@ -603,7 +604,7 @@ def test_cache_returns_what_the_network_gave():
     cache = NNCache(capacity=200_003)  # direct-mapped: roomy, so that no entry is replaced here
     start = Board("r1bqkb1r/pppp1ppp/2n2n2/4p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4")
     tree = search(Tree(start, cache=cache, seed=0), net, 300)
-    temperature = DEFAULTS["policy_temperature"]
+    temperature = SearchParams().policy_temperature
     checked = 0
     for c in tree.root_children():
         if c["n"] < 2:  # expanded children only
@@ -914,6 +915,9 @@ def test_backup_with_a_non_finite_value_raises_and_loses_nothing(bad):
         {"noise_alpha": 0.0},
         {"cpuct_base": 0.0},
         {"cpuct_base_root": -3.0},
+        {"cpuct": "1.5"},
+        {"two_fold_draws": 2},
+        {"temperature": 1.0},  # a search parameter, but not one of the tree's
     ],
 )
 def test_configure_rejects_bad_parameters(params):
@@ -933,7 +937,25 @@ def test_rejected_configure_changes_nothing():
     assert rejected.visit_distribution() == untouched.visit_distribution()
 
 
-def test_configure_accepts_every_default():
+def test_configure_sets_every_tree_setting():
+    # The tree starts from the table's defaults, and every setting the table marks `tree`
+    # reaches the tree's C struct (read back as the float32 it holds).
     tree = Tree(Board())
-    tree.configure(**DEFAULTS)
-    tree.configure(cpuct=2.5, noise_epsilon=0.25, two_fold_draws=False)
+    defaults = SearchParams().tree_settings()
+    assert tree.settings() == {k: np.float32(v) if not isinstance(v, bool) else v for k, v in defaults.items()}
+    changed = {}
+    for name, value in defaults.items():
+        row = SearchParams.row(name)
+        changed[name] = (not value) if row.type is bool else row.check((value + row.max) / 2)
+    assert all(changed[k] != defaults[k] for k in defaults)
+    tree.configure(**changed)
+    assert tree.settings() == {k: np.float32(v) if not isinstance(v, bool) else v for k, v in changed.items()}
+
+
+def test_configured_cpuct_changes_the_search():
+    # A smaller exploration constant piles the root visits onto fewer moves.
+    def most_visits(cpuct):
+        tree = search(Tree(Board(), seed=0, cpuct=cpuct, cpuct_root=cpuct), FakeNet(), 400)
+        return max(c["n"] for c in tree.root_children())
+
+    assert most_visits(0.3) > most_visits(SearchParams().cpuct) > most_visits(6.0)
