@@ -2,6 +2,7 @@
 #
 #   make engine   set up .venv, build the Cython core, start the UCI engine
 #   make test     same set-up, then the whole test suite, in parallel
+#                 (TESTS=tests/test_x.py picks files, ARGS='-k name -rs' adds pytest options)
 #   make bench    same set-up, then `cyzero bench perft`
 #
 # `make engine` is a UCI engine command: stdout carries nothing but UCI, so every
@@ -83,7 +84,7 @@ test: $(BUILT)
 	$(VPY) -m pytest -q -n auto $(TESTS) $(ARGS)
 
 bench: $(BUILT)
-	$(VENV)/bin/cyzero bench perft $(ARGS)
+	@$(VENV)/bin/cyzero bench perft $(ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
