@@ -93,6 +93,8 @@ def parse_info(line: str) -> dict:
             i += 4
         else:
             raise ProtocolError(f"unknown info field {key!r}: {line!r}")
+    if out.get("depth") == 0 and set(out) == {"depth", "score"} and out["score"][1] == 0:
+        return out  # a root without a legal move: "info depth 0 score mate 0" (or "score cp 0")
     for key in ("depth", "seldepth", "nodes", "nps", "time"):
         if key not in out:
             raise ProtocolError(f"info without {key}: {line!r}")

@@ -114,9 +114,19 @@ def format_info(info: Info, show_wdl: bool) -> list[str]:
     return out
 
 
-def format_bestmove(result: SearchResult) -> str:
+def format_result(result: SearchResult, checkmated: bool) -> list[str]:
+    """The lines that end a search, ``bestmove`` last.
+
+    A search that could not run says why and answers the null move ``0000``,
+    never an invented move. A root without a legal move gets Stockfish's
+    ``info depth 0 score mate 0`` (``checkmated``) or ``score cp 0``
+    (stalemate) first, so that a GUI still sees the game's result.
+    """
+    if result.error:
+        reason = result.error.splitlines() or [""]
+        return [f"info string error: {line}" for line in reason] + ["bestmove 0000"]
     if result.best is None:
-        return "bestmove (none)"
+        return [f"info depth 0 score {'mate 0' if checkmated else 'cp 0'}", "bestmove (none)"]
     if result.ponder:
-        return f"bestmove {result.best} ponder {result.ponder}"
-    return f"bestmove {result.best}"
+        return [f"bestmove {result.best} ponder {result.ponder}"]
+    return [f"bestmove {result.best}"]

@@ -19,12 +19,14 @@ from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Info, Searcher, SearchResult
 from uci.options import DEFAULT_WEIGHTS, Options
-from uci.protocol import format_bestmove, format_info, parse_go, parse_position, parse_setoption
+from uci.protocol import format_info, format_result, parse_go, parse_position, parse_setoption
 
 AUTHOR = "the cyzero developers"
 
 # Options that only change how the network is loaded: a change reloads it lazily.
 _NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize"}
+# How long quit waits for a stopped search's bestmove (it comes at once; this only bounds a hang).
+_QUIT_WAIT_S = 5.0
 
 
 class Writer:
@@ -62,6 +64,8 @@ class Session:
         self._dirty_options: set[str] = set()
         self._book = None
         self._tablebases = None
+        self._reported = threading.Event()   # the last search's bestmove is written
+        self._reported.set()
         self._apply_options(set(o.name.lower() for o in self.options))
 
     # -- output ----------------------------------------------------------------
@@ -83,7 +87,7 @@ class Session:
         command, args = words[0].lower(), words[1:]
         try:
             if command == "quit":
-                self.close()
+                self.quit()
                 return False
             handler = getattr(self, f"cmd_{command}", None)
             if handler is None:
@@ -191,10 +195,20 @@ class Session:
             for text in format_info(info, show_wdl):
                 self.write(text)
 
-        def on_best(result: SearchResult) -> None:
-            self.write(format_bestmove(result))
+        reported = self._reported = threading.Event()   # this go's own: an older search cannot set it
 
-        self.searcher.start(board, go, on_info, on_best, start_time=received)
+        def on_best(result: SearchResult) -> None:
+            try:
+                for text in format_result(result, checkmated=board.is_checkmate()):
+                    self.write(text)
+            finally:
+                reported.set()
+
+        try:
+            self.searcher.start(board, go, on_info, on_best, start_time=received)
+        except BaseException:
+            reported.set()     # no search runs: quit has nothing to wait for
+            raise
 
     def cmd_stop(self, args: list[str]) -> None:
         if self.searcher.searching:
@@ -206,6 +220,17 @@ class Session:
     def cmd_d(self, args: list[str]) -> None:
         """Not UCI: show the current position (as Stockfish's ``d`` does)."""
         self.info_string(f"fen {self.board.fen()}")
+
+    def quit(self) -> None:
+        """``quit`` or end of input: a search in progress still answers its bestmove, then all closes.
+
+        A GUI that sends ``quit`` (or closes the pipe) during a search may still be waiting for
+        that bestmove.
+        """
+        if self.searcher.searching:
+            self.searcher.stop()
+        self._reported.wait(_QUIT_WAIT_S)
+        self.close()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -336,7 +361,7 @@ def run(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
         while True:
             line = stdin.readline()
             if not line:          # end of input: the GUI is gone
-                session.close()
+                session.quit()
                 return 0
             if not session.handle(line):
                 return 0
