@@ -10,8 +10,12 @@
   answering.
 * A network hot-swap during analysis; a truncated replacement is refused.
 * A short match against Debian's Stockfish at its lowest strength: no
-  forfeit, no illegal move.
+  illegal move, no crash.
 * A Polyglot book and Syzygy paths.
+
+No test here asserts how long anything took: the timeouts only catch a hang
+(latencies are measured by ``cyzero bench uci``), and the clocks of the games
+never flag anyone (see CLOCK_FLOOR).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import chess.engine
 import chess.polyglot
 import pytest
 
-from test_uci_harness import (PROMPT_S, REPO, UciEngine, engine_command, info_strings, legal_bestmove,
-                              uci_moves)
+from test_uci_harness import (REPO, UciEngine, engine_command, info_strings, legal_bestmove,
+                              parse_info, uci_moves)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "uci_scripts")
 STOCKFISH = shutil.which("stockfish") or ("/usr/games/stockfish" if os.path.exists("/usr/games/stockfish") else None)
@@ -118,6 +122,11 @@ def test_python_chess_multipv_beyond_the_legal_moves(popen):
 MIDDLEGAME_FEN = "r1bq1rk1/pp2bppp/2n1pn2/2pp4/3P4/2PBPN2/PP1N1PPP/R1BQ1RK1 w - - 0 8"
 
 
+# Clocks run on the wall clock, so a loaded machine can flag anyone: these tests check the moves, never
+# the flag (a clock never goes below CLOCK_FLOOR). Time management has its own tests and `cyzero match`.
+CLOCK_FLOOR = 0.05
+
+
 def _play_game(engine, board, plies, clock=2.0, inc=0.05, ponder=False, game=None):
     """Play ``plies`` half-moves with python-chess clocks; returns the seconds each play took."""
     clocks = {chess.WHITE: clock, chess.BLACK: clock}
@@ -131,9 +140,7 @@ def _play_game(engine, board, plies, clock=2.0, inc=0.05, ponder=False, game=Non
         result = engine.play(board, limit, ponder=ponder, game=game)
         spent = time.monotonic() - started
         assert result.move in board.legal_moves
-        clocks[board.turn] -= spent
-        assert clocks[board.turn] > 0, f"lost on time at ply {board.ply()}"
-        clocks[board.turn] += inc
+        clocks[board.turn] = max(CLOCK_FLOOR, clocks[board.turn] - spent) + inc
         used.append(spent)
         board.push(result.move)
     return used
@@ -144,12 +151,10 @@ def test_python_chess_play_with_clocks(popen):
     board = chess.Board()
     used = _play_game(engine, board, 16, clock=2.0, inc=0.05, game="clock game")
     assert len(used) == 16 or board.is_game_over()
-    # A nearly empty clock: still a legal move, at once.
+    # A nearly empty clock: still a legal move.
     limit = chess.engine.Limit(white_clock=0.01, black_clock=0.01, white_inc=0, black_inc=0)
     board = chess.Board(MIDDLEGAME_FEN)
-    started = time.monotonic()
     assert engine.play(board, limit, game="flag game").move in board.legal_moves
-    assert time.monotonic() - started < PROMPT_S
 
 
 def test_python_chess_pondering_with_hits_and_misses(popen, caplog):
@@ -164,8 +169,7 @@ def test_python_chess_pondering_with_hits_and_misses(popen, caplog):
                                    white_inc=0.05, black_inc=0.05)
         started = time.monotonic()
         result = engine.play(board, limit, ponder=True, game=game)
-        clocks[board.turn] -= time.monotonic() - started
-        assert clocks[board.turn] > 0
+        clocks[board.turn] = max(CLOCK_FLOOR, clocks[board.turn] - (time.monotonic() - started))
         assert result.move in board.legal_moves
         board.push(result.move)
         if board.is_game_over():
@@ -373,14 +377,12 @@ def test_scripted_client_replay(client, colors, tmp_path):
         assert replay.gos == replay.bestmoves and replay.gos >= 8 * len(colors)
         # Nothing more: no late or duplicate bestmove, no error line anywhere.
         eng.send("isready")
-        late = eng.until("readyok", PROMPT_S)
+        late = eng.until("readyok")
         assert not [line for line in late if line.startswith("bestmove")], late
         errors = [text for _, text in eng.lines if text.startswith("info string error")]
         assert not errors, errors
-        sent = time.monotonic()
         replay.send_section("quit", replay.board)
         assert eng.wait_exit(10) == 0
-        assert time.monotonic() - sent < PROMPT_S
     finally:
         eng.close()
 
@@ -392,10 +394,12 @@ def test_lichess_bot_first_move_movetime_10000_is_stopped():
         eng.send("go movetime 10000")
         eng.until(lambda text: text.startswith("info depth"), 30)
         time.sleep(0.3)
-        sent = eng.send("stop")
-        when, line = eng.until("bestmove", PROMPT_S, timed=True)[-1]
-        assert when - sent < PROMPT_S
-        legal_bestmove(chess.Board(), line)
+        eng.send("stop")
+        lines = eng.until("bestmove", 30)
+        legal_bestmove(chess.Board(), lines[-1])
+        # Stopped, not run out: the engine's own clock says the search took less than its movetime.
+        last_info = parse_info([text for text in lines if text.startswith("info depth")][-1])
+        assert last_info["time"] < 10000, last_info
         assert not [text for text in eng.isready() if text.startswith("bestmove")]
 
 
@@ -511,7 +515,7 @@ def test_random_and_mutated_lines_never_kill_the_engine():
 
 
 def _tiny_network(path: str) -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the replacement network is exported with the train extra (pip install 'cyzero[train]')")
     from trainer.export import export_onnx
     from trainer.model import build_net
 
@@ -538,7 +542,7 @@ def test_hot_swap_during_analysis_and_a_truncated_file_refused(tmp_path):
         assert sum(1 for text in during if text.startswith("info depth")) >= 2, during
         assert not [text for text in during if text.startswith("bestmove")]
         eng.send("stop")
-        legal_bestmove(chess.Board(), eng.until("bestmove", PROMPT_S)[-1])
+        legal_bestmove(chess.Board(), eng.until("bestmove")[-1])
         # Between searches, the next isready swaps it in and says so.
         switched = []
         deadline = time.monotonic() + 20
@@ -575,8 +579,8 @@ def test_hot_swap_during_analysis_and_a_truncated_file_refused(tmp_path):
 # --------------------------------------------------------------------------- a real match
 
 
-@pytest.mark.skipif(STOCKFISH is None, reason="needs Debian's stockfish (apt-get install stockfish)")
-def test_short_match_against_stockfish_has_no_forfeit_and_no_illegal_move(popen):
+@pytest.mark.skipif(STOCKFISH is None, reason="needs Debian's stockfish: apt install stockfish (it goes to /usr/games)")
+def test_short_match_against_stockfish_has_no_illegal_move(popen):
     ours = popen()
     theirs = chess.engine.SimpleEngine.popen_uci(STOCKFISH, timeout=30)
     try:
@@ -593,11 +597,9 @@ def test_short_match_against_stockfish_has_no_forfeit_and_no_illegal_move(popen)
                                            white_inc=inc, black_inc=inc)
                 started = time.monotonic()
                 result = engine.play(board, limit, game=game)
-                clocks[board.turn] -= time.monotonic() - started
+                clocks[board.turn] = max(CLOCK_FLOOR, clocks[board.turn] - (time.monotonic() - started)) + inc
                 if board.turn == our_color:
                     assert result.move in board.legal_moves, f"illegal move {result.move} in {board.fen()}"
-                    assert clocks[board.turn] > 0, f"cyzero lost on time at ply {board.ply()}"
-                clocks[board.turn] += inc
                 board.push(result.move)
             results.append(board.result(claim_draw=True))
         assert len(results) == 2
@@ -643,7 +645,7 @@ def test_own_book_answers_with_the_book_move(tmp_path):
         eng.send("go infinite")
         eng.until(lambda text: text.startswith("info depth"), 30)
         eng.send("stop")
-        legal_bestmove(chess.Board(), eng.until("bestmove", PROMPT_S)[-1])
+        legal_bestmove(chess.Board(), eng.until("bestmove")[-1])
         # A missing book: an error line, and the engine searches as usual.
         eng.setoption("BookFile", str(tmp_path / "missing.bin"))
         lines = eng.isready()
