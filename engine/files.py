@@ -1,8 +1,9 @@
-"""Reading and checking files that another process wrote: sha256 digests and side files.
+"""Files that another process reads or wrote: sha256 digests, side files, atomic writes.
 
-The writing half (temp name, fsync, rename, and writing the side files) is
-:mod:`trainer.atomic`, which imports these helpers from here; the engine
-never imports ``trainer``, so the part both sides need lives in ``engine``.
+:mod:`trainer.atomic` (writing checkpoints, networks and their side files)
+imports these helpers from here; the engine never imports ``trainer``, so the
+part both sides need lives in ``engine`` (the engine writes networks it
+fetched from a training daemon with :func:`atomic_open`).
 
 ``<file>.sha256`` holds ``"<hex digest>  <file name>\\n"``, the format of
 ``sha256sum`` (``sha256sum -c model.onnx.sha256`` checks it from the file's
@@ -11,14 +12,18 @@ folder).  Only the standard library is used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-from typing import Callable, NamedTuple, Optional
+import secrets
+from typing import IO, Callable, Iterator, NamedTuple, Optional
 
 __all__ = [
     "SHA256_SUFFIX",
     "FileSignature",
+    "atomic_open",
+    "fsync_dir",
     "file_signature",
     "is_sha256_hex",
     "read_sha256",
@@ -112,3 +117,47 @@ def file_signature(path: str | os.PathLike) -> Optional[FileSignature]:
     except OSError:
         return None
     return FileSignature(st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """``fsync`` a directory so that renames inside it are durable (no-op where unsupported)."""
+    if os.name == "nt":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(os.fspath(directory) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on a clean exit make it ``path``.
+
+    Written to a temp name in the same directory, flushed and fsynced, renamed
+    over ``path``, and the directory fsynced: a reader sees the old complete
+    file or the new complete file, never half of one.  ``mode`` is ``"wb"`` or
+    ``"w"`` (text, ``encoding`` defaults to UTF-8).  If the ``with`` body
+    raises, the temporary file is removed and ``path`` is untouched.
+    """
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open supports modes 'wb' and 'w', not {mode!r}")
+    path = os.path.abspath(os.fspath(path))
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    if mode == "w" and encoding is None:
+        encoding = "utf-8"
+    f = open(tmp, "xb" if mode == "wb" else "x", encoding=encoding)
+    try:
+        try:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_dir(directory)
