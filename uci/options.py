@@ -124,6 +124,7 @@ def engine_options() -> list[Option]:
         Option("OwnBook", "check", False),
         Option("BookFile", "string", ""),
         Option("TrainerEndpoint", "string", ""),
+        Option("TrainerKeys", "string", ""),
         Option("Clear Hash", "button", None),
         *(search_option(row) for row in SearchParams.table() if row.uci is not None),
     ]

@@ -249,9 +249,17 @@ class Session:
         self.searcher.wait()
 
     def _network(self):
-        """The current network, loaded on first use (called on isready or the search thread)."""
+        """The current network, loaded on first use (called on isready or the search thread).
+
+        Raises engine.weights.NoNetworkError ("no network loaded: <reason>") when there is none.
+        A new manager (after a network option changed) keeps the previous manager's network
+        when its WeightsFile cannot be loaded, and says so once.
+        """
         if self.manager is None:
-            self.manager = self._manager_factory(self.options, self.info_string)
+            previous = getattr(self, "_previous_manager", None)   # closed by _apply_options
+            self.manager = self._previous_manager = self._manager_factory(self.options, self.info_string)
+            if previous is not None and previous.in_use is not None:
+                self.manager.fallback = previous.in_use
         return self.manager.get()
 
     def _swap_network_if_ready(self) -> None:
@@ -342,14 +350,17 @@ class Session:
 
 
 def _default_manager(options: Options, log: Callable[[str], None]):
-    from engine.weights import NetworkManager, resolve_weights
+    """The network manager for the current options; the WeightsFile is checked on its first use."""
+    from engine.network_manager import NetworkManager
 
-    manager = NetworkManager(resolve_weights(options["WeightsFile"]), backend=options["Backend"],
+    manager = NetworkManager(options["WeightsFile"], backend=options["Backend"],
                              device_id=options["GPU"], threads=options["Threads"],
                              network_options={"max_batch": options["MinibatchSize"]}, log=log)
-    endpoint = options["TrainerEndpoint"]
-    if endpoint:
-        manager.set_endpoint(endpoint)
+    try:
+        manager.set_trainer_keys(options["TrainerKeys"] or None)
+        manager.set_endpoint(options["TrainerEndpoint"] or None)
+    except ValueError as exc:   # bad keys or endpoint: say so, and play on without following
+        log(f"error: {exc}; not following TrainerEndpoint")
     return manager
 
 

@@ -1,0 +1,544 @@
+"""The follower contract's messages: network announcements and fetches of a network's bytes.
+
+Both sides import this module: the training daemon publishes with
+:class:`Announcer` and the engine's ``TrainerEndpoint`` follower
+(:mod:`engine.watchers`) reads what it sends.  docs/follower_contract.md is
+the contract in prose; this module is its one implementation.
+
+* PUB/SUB announcement: ``[TOPIC, msgpack header]``, header ``{"type":
+  "network", "version": 1, "generation", "path", "sha256", "run"?,
+  "fetch"?}``, re-announced every :data:`REANNOUNCE_S` seconds because PUB/SUB
+  drops what was sent before a subscriber joined.
+* DEALER/ROUTER fetch, for an engine that cannot read ``path``: request
+  ``[msgpack header]`` ``{"type": "fetch_network", "version": 1,
+  "generation", "sha256"}``; reply ``[msgpack header, chunk, ...]`` with header
+  ``{"type": "network_bytes", ..., "size", "chunks"}`` and the file's bytes in
+  raw frames of at most :data:`FETCH_CHUNK_BYTES`, or ``[{"type":
+  "fetch_refused", ..., "reason"}]``.
+* CurveZMQ: keys are certificate files as ``zmq.auth.create_certificates``
+  writes them (:func:`load_client_keys`, :func:`load_server_keys`).
+
+Never pickle; every decoder raises only :class:`AnnouncementError` for bad
+input, which the receiver logs and drops.  Needs msgpack and pyzmq, never torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional
+
+import msgpack
+
+from engine.files import is_sha256_hex
+
+__all__ = [
+    "ANNOUNCEMENT_TYPE",
+    "ANNOUNCEMENT_VERSION",
+    "FETCH_CHUNK_BYTES",
+    "MAX_NETWORK_BYTES",
+    "REANNOUNCE_S",
+    "TOPIC",
+    "AnnouncementError",
+    "Announcer",
+    "ClientKeys",
+    "FetchReply",
+    "FetchRequest",
+    "KeyFileError",
+    "NetworkAnnouncement",
+    "decode_fetch_reply",
+    "decode_fetch_request",
+    "decode_network_announcement",
+    "encode_fetch_refusal",
+    "encode_fetch_reply",
+    "encode_fetch_request",
+    "encode_network_announcement",
+    "load_client_keys",
+    "load_server_keys",
+]
+
+TOPIC = b"network"  # first frame of an announcement (what a SUB socket subscribes to)
+ANNOUNCEMENT_TYPE = "network"
+FETCH_REQUEST_TYPE = "fetch_network"
+FETCH_REPLY_TYPE = "network_bytes"
+FETCH_REFUSED_TYPE = "fetch_refused"
+ANNOUNCEMENT_VERSION = 1  # the version of every message here
+REANNOUNCE_S = 2.0  # the daemon repeats its current announcement this often
+MAX_HEADER_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 1 << 20  # ZMQ_MAXMSGSIZE of the SUB socket: a peer sending more is disconnected
+FETCH_CHUNK_BYTES = 4 << 20  # the largest raw frame of a fetch reply
+MAX_NETWORK_BYTES = 1 << 30  # the largest network a fetch accepts (a 20x256 net is ~100 MB)
+MAX_PATH_CHARS = 4096
+MAX_RUN_CHARS = 256
+MAX_ENDPOINT_CHARS = 512
+MAX_REASON_CHARS = 1000
+
+_logger = logging.getLogger(__name__)
+
+
+class AnnouncementError(ValueError):
+    """A malformed message (wrong frames, not msgpack, wrong fields or types, another version)."""
+
+
+class KeyFileError(ValueError):
+    """A CurveZMQ certificate file that is missing or unusable; the message names the file."""
+
+
+# --------------------------------------------------------------------------- frames and headers
+
+
+def _frame_bytes(frame: Any, which: str) -> bytes:
+    if isinstance(frame, (bytes, bytearray)):
+        return bytes(frame)
+    if isinstance(frame, memoryview):
+        return frame.tobytes()
+    data = getattr(frame, "bytes", None)  # a zmq.Frame
+    if isinstance(data, bytes):
+        return data
+    raise AnnouncementError(f"the {which} frame is a {type(frame).__name__}, not bytes")
+
+
+def _frames(frames: Iterable[Any]) -> list:
+    try:
+        return list(frames)
+    except TypeError:
+        raise AnnouncementError(f"expected a list of frames, got {type(frames).__name__}") from None
+
+
+def _pack(kind: str, **fields: Any) -> bytes:
+    header = {"type": kind, "version": ANNOUNCEMENT_VERSION}
+    header.update((key, value) for key, value in fields.items() if value is not None)
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def _unpack(frame: Any, kinds: tuple[str, ...]) -> dict:
+    """The checked header of one of ``kinds`` (type and version); AnnouncementError otherwise."""
+    data = _frame_bytes(frame, "header")
+    if len(data) > MAX_HEADER_BYTES:
+        raise AnnouncementError(f"header of {len(data)} bytes is larger than {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # noqa: BLE001 - FormatError, ExtraData, StackError, UnicodeDecodeError, ...
+        raise AnnouncementError(f"header is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise AnnouncementError(f"header must be a msgpack map, got {type(header).__name__}")
+    kind = header.get("type")
+    if kind not in kinds:
+        raise AnnouncementError(f"header 'type' must be {' or '.join(map(repr, kinds))}, got {str(kind)[:40]!r}")
+    version = header.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise AnnouncementError(f"header 'version' must be an integer, got {type(version).__name__}")
+    if version != ANNOUNCEMENT_VERSION:
+        raise AnnouncementError(
+            f"unsupported {kind} message version {version} (this side reads version {ANNOUNCEMENT_VERSION})"
+        )
+    return header
+
+
+def _required(header: dict, *keys: str) -> None:
+    for key in keys:
+        if key not in header:
+            raise AnnouncementError(f"header has no {key!r}")
+
+
+def _generation(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise AnnouncementError(f"'generation' must be an integer, got {type(value).__name__}")
+    if not 0 <= value < 2**63:
+        raise AnnouncementError(f"'generation' must be >= 0, got {value}")
+    return value
+
+
+def _sha256(value: Any) -> str:
+    if not isinstance(value, str):
+        raise AnnouncementError(f"'sha256' must be a string, got {type(value).__name__}")
+    if not is_sha256_hex(value.lower()):
+        raise AnnouncementError(f"'sha256' must be 64 hex digits, got {value[:80]!r}")
+    return value.lower()
+
+
+def _text(value: Any, name: str, limit: int) -> Optional[str]:
+    if value is not None and (not isinstance(value, str) or len(value) > limit or "\x00" in value):
+        raise AnnouncementError(f"{name!r} must be a string of at most {limit} characters")
+    return value
+
+
+def _count(value: Any, name: str, limit: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise AnnouncementError(f"{name!r} must be an integer in 0..{limit}, got {str(value)[:40]}")
+    return value
+
+
+# --------------------------------------------------------------------------- announcements
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkAnnouncement:
+    """A training daemon's "generation N is at this path, with this sha256".
+
+    ``fetch``: the daemon's ROUTER endpoint that serves the bytes to an engine
+    that cannot read ``path`` (``tcp://*:PORT``: the host of the endpoint the
+    announcement came from); ``None`` when the daemon serves none.
+    """
+
+    generation: int
+    path: str
+    sha256: str
+    run: Optional[str] = None
+    fetch: Optional[str] = None
+
+
+def _announcement(generation: Any, path: Any, sha256: Any, run: Any, fetch: Any) -> NetworkAnnouncement:
+    generation = _generation(generation)
+    if not isinstance(path, str):
+        raise AnnouncementError(f"'path' must be a string, got {type(path).__name__}")
+    if not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
+        raise AnnouncementError(f"'path' must be a file path of 1-{MAX_PATH_CHARS} characters")
+    if not os.path.isabs(path):
+        raise AnnouncementError(f"'path' must be absolute, got {path[:100]!r}")
+    sha256 = _sha256(sha256)
+    run = _text(run, "run", MAX_RUN_CHARS)
+    fetch = _text(fetch, "fetch", MAX_ENDPOINT_CHARS)
+    if fetch is not None and "://" not in fetch:
+        raise AnnouncementError(f"'fetch' must be an endpoint such as tcp://HOST:PORT, got {fetch[:80]!r}")
+    return NetworkAnnouncement(generation, path, sha256, run, fetch)
+
+
+def encode_network_announcement(
+    generation: int,
+    path: str | os.PathLike,
+    sha256: str,
+    run: Optional[str] = None,
+    fetch: Optional[str] = None,
+) -> list[bytes]:
+    """The frames ``[TOPIC, msgpack header]`` announcing a network; raises :class:`AnnouncementError`."""
+    a = _announcement(generation, os.fspath(path), sha256, run, fetch)
+    header = _pack(ANNOUNCEMENT_TYPE, generation=a.generation, path=a.path, sha256=a.sha256, run=a.run, fetch=a.fetch)
+    return [TOPIC, header]
+
+
+def decode_network_announcement(frames: Iterable[Any]) -> NetworkAnnouncement:
+    """Parse and check ``[TOPIC, msgpack header]``; raises :class:`AnnouncementError` on anything else.
+
+    Unknown header keys are ignored (room for later fields in version 1); a
+    different ``version`` is refused.
+    """
+    frames = _frames(frames)
+    if len(frames) != 2:
+        raise AnnouncementError(f"expected 2 frames (topic, header), got {len(frames)}")
+    topic = _frame_bytes(frames[0], "topic")
+    if topic != TOPIC:
+        raise AnnouncementError(f"unknown topic {topic[:40]!r}, expected {TOPIC!r}")
+    header = _unpack(frames[1], (ANNOUNCEMENT_TYPE,))
+    _required(header, "generation", "path", "sha256")
+    return _announcement(header["generation"], header["path"], header["sha256"], header.get("run"),
+                         header.get("fetch"))
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchRequest:
+    """An engine asking for the bytes of an announced network."""
+
+    generation: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchReply:
+    """The header of a fetch reply: ``chunks`` raw frames of ``size`` bytes in all follow it,
+    unless ``refused`` says why the daemon will not serve them (then no frames follow)."""
+
+    generation: int
+    sha256: str
+    size: int = 0
+    chunks: int = 0
+    refused: Optional[str] = None
+
+
+def encode_fetch_request(generation: int, sha256: str) -> list[bytes]:
+    """``[msgpack header]`` asking for generation ``generation`` with this sha256 (a DEALER sends it)."""
+    return [_pack(FETCH_REQUEST_TYPE, generation=_generation(generation), sha256=_sha256(sha256))]
+
+
+def decode_fetch_request(frames: Iterable[Any]) -> FetchRequest:
+    """Parse a request as the daemon's ROUTER passes it on, without the routing identity frame."""
+    frames = _frames(frames)
+    if len(frames) != 1:
+        raise AnnouncementError(f"expected 1 frame (the request header), got {len(frames)}")
+    header = _unpack(frames[0], (FETCH_REQUEST_TYPE,))
+    _required(header, "generation", "sha256")
+    return FetchRequest(_generation(header["generation"]), _sha256(header["sha256"]))
+
+
+def encode_fetch_reply(generation: int, sha256: str, data: bytes) -> list[bytes | memoryview]:
+    """``[header, chunk, ...]`` carrying ``data`` (the network file's bytes) in raw frames."""
+    if len(data) > MAX_NETWORK_BYTES:
+        raise AnnouncementError(f"a network of {len(data)} bytes is larger than {MAX_NETWORK_BYTES}")
+    view = memoryview(data)
+    chunks = [view[i : i + FETCH_CHUNK_BYTES] for i in range(0, len(data), FETCH_CHUNK_BYTES)]
+    header = _pack(FETCH_REPLY_TYPE, generation=_generation(generation), sha256=_sha256(sha256),
+                   size=len(data), chunks=len(chunks))
+    return [header, *chunks]
+
+
+def encode_fetch_refusal(generation: int, sha256: str, reason: str) -> list[bytes]:
+    """``[header]`` saying why a request is not served (not offered, unreadable, too large)."""
+    return [_pack(FETCH_REFUSED_TYPE, generation=_generation(generation), sha256=_sha256(sha256),
+                  reason=str(reason)[:MAX_REASON_CHARS])]
+
+
+def decode_fetch_reply(frame: Any) -> FetchReply:
+    """Parse the first frame of a reply; the caller then reads ``chunks`` frames (checking the sizes)."""
+    header = _unpack(frame, (FETCH_REPLY_TYPE, FETCH_REFUSED_TYPE))
+    _required(header, "generation", "sha256")
+    generation, sha256 = _generation(header["generation"]), _sha256(header["sha256"])
+    if header["type"] == FETCH_REFUSED_TYPE:
+        reason = _text(header.get("reason"), "reason", MAX_REASON_CHARS) or "no reason given"
+        return FetchReply(generation, sha256, refused=reason)
+    _required(header, "size", "chunks")
+    size = _count(header["size"], "size", 2**62)
+    chunks = _count(header["chunks"], "chunks", 2**31)
+    if chunks != -(-size // FETCH_CHUNK_BYTES):
+        raise AnnouncementError(f"{chunks} chunks cannot carry {size} bytes in frames of {FETCH_CHUNK_BYTES}")
+    return FetchReply(generation, sha256, size, chunks)
+
+
+# --------------------------------------------------------------------------- CurveZMQ keys
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientKeys:
+    """What a follower needs to talk to a daemon that requires CurveZMQ (z85-encoded keys)."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    def apply(self, socket: Any) -> None:
+        """Make ``socket`` a CURVE client of the daemon (before it connects)."""
+        socket.curve_serverkey = self.server_public
+        socket.curve_publickey = self.public
+        socket.curve_secretkey = self.secret
+
+
+SERVER_PUBLIC_FILE = "server.key"
+CLIENT_SECRET_FILE = "client.key_secret"
+
+
+def _load_certificate(path: str) -> tuple[bytes, Optional[bytes]]:
+    """(public, secret or None) from a zmq.auth certificate; :class:`KeyFileError` naming ``path``."""
+    from zmq.auth.certs import load_certificate
+    from zmq.utils import z85
+
+    if not os.path.isfile(path):
+        raise KeyFileError(f"CurveZMQ key file not found: {path}")
+    try:
+        public, secret = load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise KeyFileError(f"unreadable CurveZMQ key file {path}: {e}") from None
+    for name, key in (("public", public), ("secret", secret)):
+        if key is None:
+            continue
+        try:
+            ok = len(key) == 40 and len(z85.decode(key)) == 32
+        except ValueError:
+            ok = False
+        if not ok:
+            raise KeyFileError(f"{path}: the {name} key is not 40 z85 characters (a damaged certificate?)")
+    return public, secret
+
+
+def _load_key_pair(path: str) -> tuple[bytes, bytes]:
+    public, secret = _load_certificate(path)
+    if secret is None:
+        raise KeyFileError(
+            f"{path} holds no secret key (a public .key file; the key pair is the .key_secret file)"
+        )
+    return public, secret
+
+
+def load_client_keys(location: str | os.PathLike) -> ClientKeys:
+    """Read a follower's keys: a directory holding the daemon's public ``server.key`` and the
+    client's key pair (``client.key_secret``, or the only ``*.key_secret`` there).
+
+    Raises :class:`KeyFileError` naming the file that is missing or bad.
+    """
+    folder = os.path.abspath(os.path.expanduser(os.fspath(location)))
+    if not os.path.isdir(folder):
+        raise KeyFileError(
+            f"TrainerKeys must name a directory holding {SERVER_PUBLIC_FILE} and {CLIENT_SECRET_FILE}, "
+            f"not {folder}"
+        )
+    server_public, _ = _load_certificate(os.path.join(folder, SERVER_PUBLIC_FILE))
+    client = os.path.join(folder, CLIENT_SECRET_FILE)
+    if not os.path.exists(client):
+        pairs = sorted(
+            name for name in os.listdir(folder)
+            if name.endswith(".key_secret") and name != SERVER_PUBLIC_FILE + "_secret"
+        )
+        if len(pairs) != 1:
+            found = f" (found {', '.join(pairs)})" if pairs else ""
+            raise KeyFileError(f"CurveZMQ key file not found: {client}{found}")
+        client = os.path.join(folder, pairs[0])
+    public, secret = _load_key_pair(client)
+    return ClientKeys(server_public, public, secret)
+
+
+def load_server_keys(secret_file: str | os.PathLike) -> tuple[bytes, bytes]:
+    """The daemon's (public, secret) key pair from its ``.key_secret`` certificate."""
+    return _load_key_pair(os.path.abspath(os.fspath(secret_file)))
+
+
+# --------------------------------------------------------------------------- the daemon's side
+
+
+class Announcer:
+    """The daemon's publisher: binds PUB (and a ROUTER serving the announced bytes, if asked).
+
+    :meth:`announce` sends at once; a thread repeats the current announcement
+    every ``interval`` seconds for subscribers that joined since, and answers
+    fetch requests for the current network.  With ``server_keys`` (from
+    :func:`load_server_keys`) both sockets are CURVE servers: run a
+    ``zmq.auth`` authenticator on ``context`` to say which clients may connect.
+    Never needs torch.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        fetch_endpoint: Optional[str] = None,
+        interval: float = REANNOUNCE_S,
+        server_keys: Optional[tuple[bytes, bytes]] = None,
+        context: Any = None,
+        log: Optional[Callable[[str], object]] = None,
+    ) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._interval = float(interval)
+        self._log = log or _logger.warning
+        context = context or zmq.Context.instance()
+        self._pub = context.socket(zmq.PUB)
+        self._router = context.socket(zmq.ROUTER) if fetch_endpoint else None
+        try:
+            for socket in (self._pub, self._router):
+                if socket is None:
+                    continue
+                socket.setsockopt(zmq.LINGER, 0)
+                if server_keys is not None:
+                    socket.curve_server = True
+                    socket.curve_publickey, socket.curve_secretkey = server_keys
+            if self._router is not None:
+                self._router.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # requests are one small header
+            self._pub.bind(endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.fetch_endpoint: Optional[str] = None
+            if self._router is not None:
+                self._router.bind(fetch_endpoint)
+                bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+                # A wildcard bind is announced as "*": followers put in the host they subscribed to.
+                self.fetch_endpoint = bound.replace("//0.0.0.0:", "//*:").replace("//[::]:", "//*:")
+        except BaseException:
+            self._close_sockets()
+            raise
+        self._lock = threading.Lock()
+        self._current: Optional[NetworkAnnouncement] = None
+        self._send_now = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cyzero-announcer", daemon=True)
+        self._thread.start()
+
+    def announce(self, generation: int, path: str | os.PathLike, sha256: str, run: Optional[str] = None) -> None:
+        """Make this the current network (sent now, then every ``interval`` seconds)."""
+        path = os.path.abspath(os.fspath(path))
+        announcement = _announcement(generation, path, sha256, run, self.fetch_endpoint)
+        with self._lock:
+            self._current = announcement
+        self._send_now.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+        if not self._thread.is_alive():
+            self._close_sockets()
+
+    def __enter__(self) -> "Announcer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _close_sockets(self) -> None:
+        for socket in (self._pub, self._router):
+            if socket is not None:
+                socket.close(0)
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        router = self._router
+        poller = zmq.Poller()
+        if router is not None:
+            poller.register(router, zmq.POLLIN)
+        next_send = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if router is not None:
+                    if router in dict(poller.poll(50)):
+                        self._answer_fetches(router)
+                else:
+                    self._send_now.wait(0.05)
+                if self._send_now.is_set() or time.monotonic() >= next_send:
+                    self._send_now.clear()
+                    with self._lock:
+                        current = self._current
+                    if current is not None:
+                        self._pub.send_multipart(
+                            encode_network_announcement(current.generation, current.path, current.sha256,
+                                                        current.run, current.fetch)
+                        )
+                    next_send = time.monotonic() + self._interval
+            except zmq.ZMQError as e:
+                if e.errno == zmq.ETERM:
+                    return
+                self._log(f"announcer: {e}")
+                self._stop.wait(0.5)
+
+    def _answer_fetches(self, router: Any) -> None:
+        zmq = self._zmq
+        for _ in range(64):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = frames[0], frames[1:]
+            try:
+                request = decode_fetch_request(body)
+            except AnnouncementError as e:
+                self._log(f"dropped a malformed fetch request: {e}")
+                continue
+            router.send_multipart([identity, *self._reply(request)])
+
+    def _reply(self, request: FetchRequest) -> list:
+        with self._lock:
+            current = self._current
+        if current is None or (current.generation, current.sha256) != (request.generation, request.sha256):
+            offered = "nothing" if current is None else f"generation {current.generation}"
+            return encode_fetch_refusal(request.generation, request.sha256,
+                                        f"generation {request.generation} with that sha256 is not offered "
+                                        f"(offered: {offered})")
+        try:
+            size = os.path.getsize(current.path)
+            if size > MAX_NETWORK_BYTES:
+                raise OSError(f"{size} bytes is more than {MAX_NETWORK_BYTES}")
+            with open(current.path, "rb") as f:
+                data = f.read(MAX_NETWORK_BYTES + 1)
+            return encode_fetch_reply(request.generation, request.sha256, data)
+        except (OSError, AnnouncementError) as e:
+            return encode_fetch_refusal(request.generation, request.sha256, f"cannot serve {current.path}: {e}")

@@ -1,0 +1,257 @@
+"""The UCI layer's one handle on networks: the swap plus the watchers that feed it.
+
+    >>> manager = NetworkManager("<default>", backend="cpu", log=print)
+    >>> net = manager.get()                   # loads on first use (isready, or the first go)
+    loaded network default.onnx sha256:1e24186e84ad CPU fp32 6x64, float32 io
+    >>> manager.set_endpoint("tcp://127.0.0.1:5557")   # follow a training daemon
+    ...                                       # (a new network is loaded and verified in the background)
+    >>> manager.apply_pending(searcher.network_changed)   # between searches only
+    True
+    >>> manager.close()
+
+The parts: :mod:`engine.weights` (locating, verifying, building),
+:mod:`engine.watchers` (the ``WeightsFile`` watcher and the ``TrainerEndpoint``
+follower), :mod:`engine.swap` (the network in use and the loader).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from engine.announce import ClientKeys, load_client_keys
+from engine.network import Network, NetworkError
+from engine.swap import NetworkSwap
+from engine.watchers import (
+    POLL_INTERVAL_S,
+    SILENCE_S,
+    TrainerFollower,
+    WeightsFileWatcher,
+    signature_of,
+    validate_endpoint,
+)
+from engine.weights import DEFAULT_WEIGHTS, Candidate, NetworkBuilder, resolve_weights, weights_path, without_file_name
+
+__all__ = ["NetworkManager"]
+
+_logger = logging.getLogger(__name__)
+
+
+class NetworkManager:
+    """Owns the network in use and hot-swaps new ones between searches.
+
+    Parameters
+    ----------
+    weights
+        The ``WeightsFile`` value (a path, or ``"<default>"``); also the file
+        watched for replacements.  It is checked on the first :meth:`get`.
+    backend, device_id, threads, network_options, loader
+        How every network is built (:class:`engine.weights.NetworkBuilder`).
+    log
+        Called (from any thread) with one line for the user: loads, swaps,
+        refusals, dropped messages.  The UCI layer prints them as ``info string``.
+    endpoint, keys
+        A ``TrainerEndpoint`` to follow at once, and the ``TrainerKeys`` for it
+        (see :meth:`set_endpoint`, :meth:`set_trainer_keys`).
+    watch, poll_interval
+        Watch the file for replacements (after the first load), this often.
+    fallback
+        The network to keep (said once) when ``weights`` cannot be loaded:
+        the one in use before a ``WeightsFile`` change.
+    zmq_context, cache_dir, silence_s
+        For the follower (:class:`engine.watchers.TrainerFollower`).
+    """
+
+    def __init__(
+        self,
+        weights: str | os.PathLike | None = DEFAULT_WEIGHTS,
+        *,
+        backend: str = "auto",
+        device_id: int = 0,
+        threads: Optional[int] = None,
+        log: Optional[Callable[[str], object]] = None,
+        loader: Callable[..., Any] = Network,
+        endpoint: Optional[str] = None,
+        keys: Optional[str] = None,
+        watch: bool = True,
+        poll_interval: float = POLL_INTERVAL_S,
+        network_options: Optional[dict] = None,
+        fallback: Optional[Candidate] = None,
+        zmq_context: Any = None,
+        cache_dir: Optional[str] = None,
+        silence_s: Optional[float] = None,
+    ) -> None:
+        self._weights = weights
+        self.path = weights_path(weights)
+        self._log = log if log is not None else _logger.warning
+        self._builder = NetworkBuilder(loader, backend=backend, device_id=device_id, threads=threads,
+                                       options=network_options, log=self._log)
+        self._swap = NetworkSwap(self._load_first, self._builder.build, self._log, fallback=fallback)
+        self._watch = watch
+        self._poll = float(poll_interval)
+        self._baseline: Optional[tuple] = None
+        self._lock = threading.Lock()
+        self.watcher: Optional[WeightsFileWatcher] = None
+        self.follower: Optional[TrainerFollower] = None
+        self.endpoint: Optional[str] = None
+        self._keys: Optional[ClientKeys] = None
+        self._follower_options = dict(context=zmq_context, cache_dir=cache_dir, silence_s=silence_s)
+        if keys:
+            self.set_trainer_keys(keys)
+        if endpoint:
+            self.set_endpoint(endpoint)
+
+    # ------------------------------------------------------------------ the network in use
+
+    def _load_first(self) -> Candidate:
+        self._baseline = signature_of(self.path)  # a change while loading is seen by the watcher
+        path = resolve_weights(self._weights)
+        try:
+            return self._builder.load_weights_file(path)
+        except NetworkError as e:
+            raise NetworkError(f"WeightsFile {path}: {without_file_name(str(e), path)}") from None
+
+    def get(self) -> Any:
+        """The network in use, loaded (and verified) on the first call.
+
+        Raises :class:`engine.weights.NoNetworkError` (a ``ValueError``) when
+        there is none: the ``WeightsFile`` cannot be used and there is no
+        ``fallback``.  The next call tries again.  Thread-safe; the caller
+        keeps the returned reference for a whole search.
+        """
+        network = self._swap.get()
+        if self._watch and self.watcher is None:
+            with self._lock:
+                if self.watcher is None and not self._swap.closed:
+                    self.watcher = WeightsFileWatcher(self.path, self._swap, self._log,
+                                                      baseline=self._baseline or signature_of(self.path),
+                                                      poll_interval=self._poll)
+        return network
+
+    def apply_pending(self, clear_cache: Optional[Callable[[], object]] = None) -> bool:
+        """Install the verified candidate, if any; call between searches only (see :class:`NetworkSwap`)."""
+        return self._swap.apply_pending(clear_cache)
+
+    def swap_pending(self) -> bool:
+        return self._swap.swap_pending()
+
+    def wait_pending(self, timeout: Optional[float] = None) -> bool:
+        return self._swap.wait_pending(timeout)
+
+    @property
+    def swap(self) -> NetworkSwap:
+        return self._swap
+
+    @property
+    def fallback(self) -> Optional[Candidate]:
+        """The network to keep when the ``WeightsFile`` cannot be loaded (set before the first :meth:`get`)."""
+        return self._swap.fallback
+
+    @fallback.setter
+    def fallback(self, candidate: Optional[Candidate]) -> None:
+        self._swap.fallback = candidate
+
+    @property
+    def in_use(self) -> Optional[Candidate]:
+        """The network in use with where it came from (kept after :meth:`close`, for a ``fallback``)."""
+        return self._swap.current
+
+    @property
+    def loaded(self) -> bool:
+        return self._swap.current is not None
+
+    @property
+    def generation(self) -> Optional[int]:
+        """The training generation of the network in use (``None``: not from a trainer)."""
+        current = self._swap.current
+        return None if current is None else current.generation
+
+    @property
+    def sha256(self) -> Optional[str]:
+        current = self._swap.current
+        return None if current is None else current.sha256
+
+    @property
+    def network_path(self) -> str:
+        """The file of the network in use (the announced path after a trainer's swap)."""
+        current = self._swap.current
+        return self.path if current is None else current.path
+
+    @property
+    def description(self) -> str:
+        """One line about the network in use, for ``info string``."""
+        current = self._swap.current
+        if current is None:
+            return f"{os.path.basename(self.path)} (not loaded yet)"
+        return current.label(long=True)
+
+    # ------------------------------------------------------------------ following a trainer
+
+    def set_trainer_keys(self, keys: Optional[str]) -> None:
+        """Use the CurveZMQ keys in directory ``keys`` (``None`` or ``""``: none) for the trainer.
+
+        Raises :class:`engine.announce.KeyFileError` (a ``ValueError``) naming
+        a missing or bad key file; the keys in use stay then.  A follower that
+        is running reconnects with the new keys.
+        """
+        new = load_client_keys(keys) if keys else None
+        if new != self._keys:
+            self._keys = new
+            if self.endpoint is not None:
+                self._follow(self.endpoint)
+
+    def set_endpoint(self, endpoint: Optional[str]) -> None:
+        """Follow a training daemon's announcements at ``endpoint`` (``None`` or ``""``: stop).
+
+        Raises :class:`engine.weights.WeightsError` for an endpoint that is not
+        ``tcp://HOST:PORT``, ``ipc://PATH`` or ``inproc://NAME``.  Connecting is
+        asynchronous (ZeroMQ reconnects by itself), so a daemon that starts
+        later is picked up; silence is reported once after ``silence_s``.
+        """
+        new = validate_endpoint(endpoint) if endpoint else None
+        if new != self.endpoint:
+            self._follow(new)
+
+    def _follow(self, endpoint: Optional[str]) -> None:
+        """(Re)start the follower at ``endpoint`` with the current keys, or stop it (``None``)."""
+        with self._lock:
+            if self._swap.closed:
+                raise RuntimeError("the network manager is closed")
+            old, self.follower = self.follower, None
+            self.endpoint = None
+        if old is not None:
+            old.close()
+        if not endpoint:
+            return
+        follower = TrainerFollower(endpoint, self._swap, self._log, keys=self._keys, **self._follower_options)
+        with self._lock:
+            self.follower, self.endpoint = follower, follower.endpoint
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the threads (within about ``timeout`` seconds) and drop a pending network.
+
+        The network in use is not closed (a search may still hold it; it is
+        freed with its last reference) and stays readable as :attr:`in_use`.
+        Idempotent.
+        """
+        deadline = time.monotonic() + timeout
+        parts = [part for part in (self.follower, self.watcher) if part is not None]
+        for part in parts:
+            part.close(0)  # tell every thread first, then wait for them
+        self._swap.close(timeout)
+        for part in parts:
+            part.close(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "NetworkManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<NetworkManager {self.description}>"
