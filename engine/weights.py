@@ -48,14 +48,8 @@ class WeightsError(ValueError):
 
 
 class NoNetworkError(NetworkError):
-    """No network could be loaded at all; the message says why ("no network loaded: ...").
-
-    A search that gets this plays no move (``bestmove 0000``) rather than a made-up one.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"no network loaded: {reason}")
-        self.reason = reason
+    """No network could be loaded at all; the message is why (the UCI layer says
+    ``info string error: no network loaded: <why>`` and answers ``bestmove 0000``)."""
 
 
 # --------------------------------------------------------------------------- locating

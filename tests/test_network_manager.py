@@ -104,8 +104,6 @@ def test_without_any_network_isready_says_so(tmp_path):
         eng.close()
 
 
-@pytest.mark.xfail(strict=True, reason="engine/search.py must answer a NoNetworkError with "
-                                       "SearchResult(error=str(exc)) (the search helper's change)")
 def test_without_any_network_every_go_says_so_and_plays_no_move(tmp_path):
     missing = tmp_path / "missing.onnx"
     eng = Engine(WeightsFile=missing)

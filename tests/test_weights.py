@@ -116,5 +116,5 @@ def test_builder_holds_a_weights_file_to_its_side_file(tmp_path):
 
 def test_no_network_error_says_why():
     error = NoNetworkError("WeightsFile not found: /x.onnx")
-    assert str(error) == "no network loaded: WeightsFile not found: /x.onnx"
+    assert str(error) == "WeightsFile not found: /x.onnx"
     assert isinstance(error, NetworkError) and isinstance(error, ValueError)

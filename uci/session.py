@@ -115,11 +115,15 @@ class Session:
 
     def cmd_isready(self, args: list[str]) -> None:
         if not self.searcher.searching:
+            from engine.weights import NoNetworkError
+
             try:
                 self._apply_pending_options()
                 self._network()          # load now, so the first go does not pay for it
                 self._swap_network_if_ready()
-            except ValueError as exc:    # e.g. a WeightsFile that cannot be used: say so, stay ready
+            except NoNetworkError as exc:   # said again on every go, which answers bestmove 0000
+                self.error(f"no network loaded: {exc}")
+            except ValueError as exc:    # e.g. a TrainerEndpoint that cannot be used: say so, stay ready
                 self.error(str(exc))
             except Exception as exc:
                 self.error(f"cannot load the network: {type(exc).__name__}: {exc}")
@@ -251,7 +255,7 @@ class Session:
     def _network(self):
         """The current network, loaded on first use (called on isready or the search thread).
 
-        Raises engine.weights.NoNetworkError ("no network loaded: <reason>") when there is none.
+        Raises engine.weights.NoNetworkError (its message: why) when there is none.
         A new manager (after a network option changed) keeps the previous manager's network
         when its WeightsFile cannot be loaded, and says so once.
         """
