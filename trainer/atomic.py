@@ -15,73 +15,27 @@ as it was.
 ``<file>.sha256`` holds ``"<hex digest>  <file name>\\n"``, the format of
 ``sha256sum`` (``sha256sum -c model.onnx.sha256`` checks it from the file's folder).
 
-This module needs nothing beyond the standard library (no torch). The reading and
-checking half (``sha256_file``, ``read_sha256``, ``verify_sha256``, ...) lives in
-:mod:`engine.files`, since the engine may not import ``trainer``; it is re-exported here.
+This module needs nothing beyond the standard library (no torch). ``atomic_open``
+and the reading and checking half (``sha256_file``, ``read_sha256``,
+``verify_sha256``, ...) live in :mod:`engine.files`, since the engine writes
+fetched networks too and may not import ``trainer``; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import secrets
-from collections.abc import Iterator
-from typing import IO
 
-from engine.files import (  # noqa: F401 - re-exported: the read/verify half lives in the engine
+from engine.files import (  # noqa: F401 - re-exported: the engine needs them too and may not import trainer
     SHA256_SUFFIX,
+    atomic_open,
+    fsync_dir,
     read_sha256,
     sha256_bytes,
     sha256_file,
     sha256_path,
     verify_sha256,
 )
-
-
-def fsync_dir(directory: str | os.PathLike) -> None:
-    """``fsync`` a directory so that renames inside it are durable (no-op where unsupported)."""
-    if os.name == "nt":  # directories cannot be opened for fsync on Windows
-        return
-    fd = os.open(os.fspath(directory) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_path(path: str) -> str:
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing; on a clean exit make it ``path``.
-
-    ``mode`` is ``"wb"`` or ``"w"`` (text, ``encoding`` defaults to UTF-8). If the
-    ``with`` body raises, the temporary file is removed and ``path`` is untouched.
-    """
-    if mode not in ("wb", "w"):
-        raise ValueError(f"atomic_open supports modes 'wb' and 'w', not {mode!r}")
-    path = os.path.abspath(os.fspath(path))
-    tmp = _temp_path(path)
-    if mode == "w" and encoding is None:
-        encoding = "utf-8"
-    f = open(tmp, "xb" if mode == "wb" else "x", encoding=encoding)
-    try:
-        try:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            f.close()
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -18,7 +18,7 @@ from engine.board import Board
 from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Info, Searcher, SearchResult
-from uci.options import DEFAULT_WEIGHTS, Options
+from uci.options import Options
 from uci.protocol import format_info, format_result, parse_go, parse_position, parse_setoption
 
 AUTHOR = "the cyzero developers"
@@ -56,6 +56,7 @@ class Session:
         self.options = Options()
         self._manager_factory = network_manager_factory or _default_manager
         self.manager = None
+        self._previous_manager = None   # kept for its network when a new WeightsFile fails
         self.board = Board()
         self._base_fen: Optional[str] = None
         self._moves: list[str] = []
@@ -260,7 +261,7 @@ class Session:
         when its WeightsFile cannot be loaded, and says so once.
         """
         if self.manager is None:
-            previous = getattr(self, "_previous_manager", None)   # closed by _apply_options
+            previous = self._previous_manager   # closed by _apply_options
             self.manager = self._previous_manager = self._manager_factory(self.options, self.info_string)
             if previous is not None and previous.in_use is not None:
                 self.manager.fallback = previous.in_use
@@ -289,6 +290,11 @@ class Session:
         if names & _NETWORK_OPTIONS and self.manager is not None:
             self.manager.close()
             self.manager = None      # reloaded on the next isready or go
+        if "trainerkeys" in names and self.manager is not None:
+            try:
+                self.manager.set_trainer_keys(o["TrainerKeys"] or None)
+            except ValueError as exc:
+                self.error(f"TrainerKeys: {exc}")
         if "trainerendpoint" in names and self.manager is not None:
             try:
                 self.manager.set_endpoint(o["TrainerEndpoint"] or None)
