@@ -2,7 +2,7 @@
 
 Both sides import this module: the training daemon publishes with
 :class:`Announcer` and the engine's ``TrainerEndpoint`` follower
-(:mod:`engine.watchers`) reads what it sends.  docs/follower_contract.md is
+(:mod:`engine.watchers`) reads what it sends.  docs/architecture.md ("Following a trainer") is
 the contract in prose; this module is its one implementation.
 
 * PUB/SUB announcement: ``[TOPIC, msgpack header]``, header ``{"type":
