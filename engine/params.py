@@ -116,6 +116,8 @@ class SearchParams:
     hash_mb: int = _param(256, 1, 1 << 20, "MiB", "memory the search tree may use", "Hash")
     move_overhead_ms: int = _param(100, 0, 10_000, "ms", "time the GUI and network take per move, "
                                    "kept off every budget", "Move Overhead")
+    time_extension: bool = _param(True, None, None, "", "go on past the time target, up to the hard limit, "
+                                  "while the best move is unstable", "TimeExtension")
 
     def __post_init__(self) -> None:
         for row in self.table():

@@ -1,8 +1,22 @@
-"""The search loop: gather -> evaluate -> backup on a search thread.
+"""The search driver: gather -> evaluate -> backup, for one game or many at once.
 
-A :class:`GoParams` goes in (lc0's plain struct of optional ``go`` fields);
-thinking info (:class:`Info`) and the best move come out through callbacks.
-Nothing here touches stdout: only ``uci/`` turns results into protocol text.
+One driver serves both the UCI search and self-play (docs/architecture.md):
+
+* :class:`MoveSearch` is one tree's search of one move: its budget and stop
+  rules (limits, smart pruning, the time extension), the move it chooses
+  (temperature) and what a training record needs (visits, root value).
+* :class:`Driver` is the batched loop over any number of move searches: the
+  leaves of every active search go into one :class:`~engine.tree.Batch`, one
+  network call evaluates them, the backup hands each tree its rows. With
+  ``pipeline`` it keeps two batches in flight (the network runs on a helper
+  thread while the next batch is gathered; ONNX Runtime releases the GIL).
+  Timed searches get batches sized from the time left and the network speed
+  the driver measures as it runs, so a short search still gets many batches.
+* :class:`Searcher` is the UCI search: one move search on its own thread,
+  with ``stop``, ``ponderhit``, a watchdog for the hard deadline and info
+  callbacks. Nothing here touches stdout: only ``uci/`` writes protocol text.
+* :class:`MultiSearch` is what a self-play worker calls: many games, one tree
+  each, searched together.
 
 ``stop`` is answered from the tree at once, never after the batch in flight:
 the search thread holds ``_tree_lock`` only while it gathers or backs up (the
@@ -15,16 +29,30 @@ from __future__ import annotations
 import math
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
-
-import numpy as np
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Union
 
 from engine.board import Board
 from engine.limits import Budget, GoParams
 from engine.params import SearchParams
 from engine.timeman import TimeManager
 from engine.tree import Batch, NNCache, Tree
+
+__all__ = ["Driver", "EvalSpeed", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
+           "game_ply", "q_to_cp", "wdl_permille"]
+
+# A timed search plans at least this many batches into its time (fewer, larger ones
+# leave a short search with a handful of nodes and a long tail at the deadline).
+BATCHES_PER_BUDGET = 8
+# The batch of a timed search before the network's speed has been measured once.
+FIRST_TIMED_BATCH = 16
+# Time extension: another move is "better by value" when its Q beats the most visited
+# move's and it has at least this share of its visits (a Q of a few visits is noise) ...
+EXTENSION_MIN_VISIT_SHARE = 0.1
+# ... and the best move "changed recently" when that happened within this share of the
+# soft target before now.
+EXTENSION_RECENT_SHARE = 0.1
 
 
 @dataclass
@@ -57,6 +85,11 @@ class Info:
     time_ms: int
     lines: list[Line]
 
+    def same_search_state(self, other: Optional["Info"]) -> bool:
+        """Whether ``other`` reports the same tree (time and speed aside): no need to say it twice."""
+        return other is not None and (self.depth, self.seldepth, self.nodes, self.lines) == \
+            (other.depth, other.seldepth, other.nodes, other.lines)
+
 
 @dataclass
 class SearchResult:
@@ -64,6 +97,10 @@ class SearchResult:
     ponder: Optional[str]
     info: Optional[Info]
     error: Optional[str] = None   # the search could not run (no network): say so, play no move
+    visits: dict[str, int] = field(default_factory=dict)  # root visits per move: the policy target
+    q: float = 0.0           # root value W - L for the side to move
+    d: float = 0.0           # root draw probability
+    nodes: int = 0           # root visits
 
 
 def q_to_cp(q: float) -> int:
@@ -87,18 +124,559 @@ def wdl_permille(q: float, d: float) -> tuple[int, int, int]:
     return win, draw, 1000 - win - draw
 
 
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+# --------------------------------------------------------------------------- one move of one tree
+
+
+class MoveSearch:
+    """One tree's search of one move: budget, stop rules, and the move it chooses.
+
+    Time is passed in (``now``, a :func:`time.monotonic`-like value), never read
+    here, so the rules can be tested with an injected clock. The caller roots
+    ``tree`` at ``board`` (with ``go.searchmoves`` set) before the search starts.
+    """
+
+    def __init__(self, tree: Tree, board: Board, go: GoParams, budget: Budget, params: SearchParams,
+                 start: float) -> None:
+        self.tree = tree
+        self.board = board
+        self.go = go
+        self.params = params
+        self.budget = budget
+        self.start = start
+        self.legal: list[str] = board.legal_moves()
+        self.allowed = [m for m in self.legal if not go.searchmoves or m in go.searchmoves] or self.legal
+        self.done = not self.legal      # set by update(); a root without moves has nothing to search
+        self.in_flight = 0              # leaves at the network (or gathered for it), counted by the Driver
+        self.error: Optional[str] = None
+        self.network_ready = False      # the network was had (Searcher: loaded lazily on its thread)
+        self.extending = False          # past the soft target because the best move is unstable
+        self._best: Optional[str] = None
+        self._best_since = start        # when the most visited move last changed
+
+    def rebudget(self, budget: Budget, start: float) -> None:
+        """A new budget from ``start`` on (ponderhit); the search goes on."""
+        self.budget = budget
+        self.start = start
+        self._best_since = max(self._best_since, start)
+        self.done = not self.legal
+
+    # -- stop rules ----------------------------------------------------------
+
+    def update(self, now: float) -> bool:
+        """After a backup: note the best move, decide whether to stop (``done``)."""
+        children = self._children()
+        best = children[0]["move"] if children and children[0]["n"] else None
+        if best != self._best:
+            self._best = best
+            self._best_since = now
+        self.done = self.should_stop(now, children)
+        return self.done
+
+    def should_stop(self, now: float, children: Optional[list[dict]] = None) -> bool:
+        tree = self.tree
+        budget = self.budget
+        if not self.legal or tree.root_proven is not None or tree.out_of_memory:
+            return True
+        if budget.nodes is not None and tree.nodes >= budget.nodes:
+            return True
+        if budget.depth is not None and tree.average_depth >= budget.depth:
+            return True
+        if children is None:
+            children = self._children()
+        if budget.mate is not None:
+            if children and children[0]["proven"] == 1 and (children[0]["m"] + 2) // 2 <= budget.mate:
+                return True
+        if budget.infinite:
+            return False
+        elapsed_ms = (now - self.start) * 1000.0
+        if elapsed_ms >= budget.hard_ms:
+            return True
+        if len(self.allowed) == 1:
+            return True
+        unstable = (self.params.time_extension and budget.hard_ms > budget.soft_ms
+                    and self.unstable(now, children))
+        if elapsed_ms >= budget.soft_ms and not unstable:
+            return True
+        self.extending = elapsed_ms >= budget.soft_ms
+        # While the best move is unstable, smart pruning looks as far as the hard limit.
+        return self._pruned(elapsed_ms, budget.hard_ms if unstable else budget.soft_ms, children)
+
+    def unstable(self, now: float, children: list[dict]) -> bool:
+        """The best move may still change: another move has the better value (Q) on enough
+        visits, or the most visited move changed recently (lc0's reasons to think longer)."""
+        if not children or not children[0]["n"] or children[0]["proven"] is not None:
+            return False
+        top = children[0]
+        if (now - self._best_since) * 1000.0 < EXTENSION_RECENT_SHARE * self.budget.soft_ms:
+            return True
+        enough = max(1, EXTENSION_MIN_VISIT_SHARE * top["n"])
+        return any(c["n"] >= enough and c["q"] is not None and c["q"] > top["q"] for c in children[1:])
+
+    def _pruned(self, elapsed_ms: float, deadline_ms: float, children: list[dict]) -> bool:
+        """Smart pruning: no other move can catch the best one before the deadline at this speed."""
+        factor = self.params.smart_pruning_factor
+        tree = self.tree
+        if factor <= 0 or elapsed_ms < 100 or tree.playouts < 100:
+            return False
+        nps = tree.playouts / (elapsed_ms / 1000.0)
+        remaining = nps * max(0.0, deadline_ms - elapsed_ms) / 1000.0 / factor
+        if len(children) < 2:
+            return True
+        return children[0]["n"] - children[1]["n"] > remaining
+
+    def _children(self) -> list[dict]:
+        """Root moves best first, only those the search may play."""
+        children = self.tree.root_children() if self.tree.nodes else []
+        if self.go.searchmoves:
+            children = [c for c in children if c["move"] in self.allowed]
+        return children
+
+    # -- batch sizing --------------------------------------------------------
+
+    def leaf_cap(self) -> int:
+        """The most visits this tree may add to the next batch for its nodes and depth limits
+        (``minibatch_size`` without them; 0: none now, its last ones are still in flight)."""
+        cap = self.params.minibatch_size
+        budget = self.budget
+        tree = self.tree
+        if budget.nodes is not None:
+            cap = min(cap, budget.nodes - tree.nodes - self.in_flight)
+        if budget.depth is not None:
+            cap = min(cap, self._depth_cap(budget.depth))
+        return max(0, cap)
+
+    def _depth_cap(self, depth: int) -> int:
+        """Visits that keep lc0's average depth below ``depth + 1`` even if every new one lands
+        one ply below the deepest so far: ``go depth N`` stops at depth N, not past it."""
+        tree = self.tree
+        deepest = tree.seldepth + 1
+        if deepest <= depth + 1:
+            return self.params.minibatch_size
+        playouts = tree.playouts + self.in_flight
+        total_depth = tree.average_depth * tree.playouts + self.in_flight * deepest
+        room = (depth + 1) * playouts - total_depth
+        return max(1, math.ceil(room / (deepest - depth - 1)) - 1)
+
+    def time_window(self, now: float) -> Optional[tuple[float, float]]:
+        """(seconds the move may take, seconds left of them), or None when time is no limit."""
+        budget = self.budget
+        if budget.infinite:
+            return None
+        deadline_ms = budget.hard_ms if self.extending else budget.soft_ms
+        return deadline_ms / 1000.0, max(0.0, deadline_ms / 1000.0 - (now - self.start))
+
+    # -- the result ----------------------------------------------------------
+
+    def choose(self) -> Optional[str]:
+        """The move to play: drawn with probability visits^(1/Temperature) before TempCutoffPly
+        (self-play), else the most visited; always one the search was allowed to play."""
+        tree = self.tree
+        if not tree.nodes:
+            return None
+        temperature = self.params.temperature
+        cutoff = self.params.temp_cutoff_ply
+        if cutoff and game_ply(self.board) >= cutoff:
+            temperature = 0.0
+        best = tree.choose_move(temperature) if temperature > 0 else tree.best_move()
+        if best is not None and best not in self.allowed:
+            # The tree's best move ignores searchmoves (e.g. a reused tree whose favourite was
+            # excluded): play the best move that was allowed.
+            ranked = [c["move"] for c in tree.root_children() if c["move"] in self.allowed]
+            best = ranked[0] if ranked else None
+        return best if best in self.legal else None
+
+    def result(self) -> SearchResult:
+        """The move chosen, the root's visit distribution and value (no info: self-play needs none)."""
+        if self.error is not None:
+            return SearchResult(None, None, None, error=self.error)
+        if not self.legal:
+            return SearchResult(None, None, None)
+        tree = self.tree
+        best = self.choose() or self.allowed[0]
+        pv = tree.pv(best) if tree.nodes else []
+        q, d = tree.root_q if tree.nodes else (0.0, 0.0)
+        return SearchResult(best, pv[1] if len(pv) > 1 else None, None, visits=tree.visit_distribution(),
+                            q=q, d=d, nodes=tree.nodes)
+
+
+# --------------------------------------------------------------------------- the batched loop
+
+
+class EvalSpeed:
+    """Seconds per network call by batch size, measured as the search runs.
+
+    Sizes are grouped by powers of two, each group a moving average of (size,
+    seconds). A size is estimated at the per-position speed of the nearest
+    measured group, so a batch never measured is neither trusted blindly nor
+    ruled out, and the next call measures it.
+    """
+
+    def __init__(self, weight: float = 0.3) -> None:
+        self.weight = weight
+        self._groups: dict[int, list[float]] = {}   # bit length -> [mean size, mean seconds]
+
+    @property
+    def measured(self) -> bool:
+        return bool(self._groups)
+
+    def record(self, size: int, seconds: float) -> None:
+        if size <= 0 or seconds <= 0:
+            return
+        group = self._groups.get(size.bit_length())
+        if group is None:
+            self._groups[size.bit_length()] = [float(size), seconds]
+        else:
+            group[0] += self.weight * (size - group[0])
+            group[1] += self.weight * (seconds - group[1])
+
+    def seconds_per_position(self, size: int) -> Optional[float]:
+        if not self._groups:
+            return None
+        key = min(self._groups, key=lambda k: (abs(k - size.bit_length()), -k))
+        mean_size, seconds = self._groups[key]
+        return seconds / mean_size
+
+    def largest_within(self, seconds: float, cap: int) -> int:
+        """The largest batch (1 to ``cap``) expected to take at most ``seconds`` (1 if none)."""
+        size = max(1, cap)
+        for _ in range(16):
+            per = self.seconds_per_position(size)
+            if per is None:
+                return size
+            fits = int(seconds / per)
+            if fits >= size:
+                return size
+            if fits < 1:
+                return 1
+            size = fits
+        return size
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+@dataclass
+class _Gathered:
+    batch: Batch
+    taken: list[tuple[MoveSearch, int]]   # leaves each search put in
+    future: Optional[Future] = None
+    outputs: Any = None
+
+
+class Driver:
+    """gather -> evaluate -> backup for any number of move searches, one batch per network call.
+
+    ``capacity`` is the size of each batch (the sum of the searches' leaves per
+    round). With ``pipeline``, two batches are in flight: one at the network (on
+    a helper thread) while the next is gathered. The batches are kept between
+    runs (their planes buffers are large), so one driver serves one search
+    thread at a time.
+    """
+
+    def __init__(self, capacity: int, pipeline: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+        if capacity < 1:
+            raise ValueError(f"batch capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.pipeline = pipeline
+        self.clock = clock
+        self.speed = EvalSpeed()
+        self.calls = 0                 # network calls made (for benchmarks and tests)
+        self._batches = [Batch(capacity) for _ in range(2 if pipeline else 1)]
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._start_index = 0          # round-robin start when the batch cannot hold every search
+
+    def drop(self) -> None:
+        """Forget every gathered leaf (a new search re-roots the trees); call with the trees' lock held."""
+        for batch in self._batches:
+            if len(batch):
+                batch.clear()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def run(self, network: Any, searches: Sequence[MoveSearch], *, lock: Any = None,
+            stopped: Optional[Callable[[], bool]] = None,
+            on_round: Optional[Callable[[float], None]] = None) -> None:
+        """Search until every search is done or ``stopped()``.
+
+        ``lock`` is held while the trees are touched (gather, backup, ``on_round``),
+        never during the network call. ``on_round(now)`` runs after each backup.
+        A network error propagates (the searches keep what they had).
+        """
+        lock = _NO_LOCK if lock is None else lock
+        stopped = stopped or (lambda: False)
+        free = list(self._batches)
+        pending: Optional[_Gathered] = None      # at the network
+        try:
+            while True:
+                gathered = None
+                with lock:
+                    if stopped():
+                        return
+                    active = [s for s in searches if not s.done]
+                    if active and free:
+                        playouts = sum(s.tree.playouts for s in active)
+                        gathered = self._gather(free.pop(), active)
+                        if not len(gathered.batch):
+                            free.append(gathered.batch)
+                            gathered = None
+                            if pending is None:
+                                # Nothing for the network: every visit was resolved in the tree (or none
+                                # could be made). Judge the searches again, and give up on any that
+                                # cannot move at all.
+                                now = self.clock()
+                                stuck = sum(s.tree.playouts for s in active) == playouts
+                                for s in active:
+                                    s.update(now)
+                                    if stuck and not s.in_flight:
+                                        s.done = True
+                                if on_round is not None:
+                                    on_round(now)
+                                continue
+                    elif not active and pending is None:
+                        return
+                if gathered is not None and pending is None:
+                    pending = self._submit(network, gathered)
+                    gathered = None
+                    if self.pipeline:
+                        continue      # gather the next batch while this one is at the network
+                if pending is None:
+                    continue
+                outputs, seconds, size = self._collect(pending)
+                with lock:
+                    if stopped():
+                        if gathered is not None:
+                            free.append(gathered.batch)
+                        return
+                    self.speed.record(size, seconds)
+                    pending.batch.backup(*outputs)
+                    for s, added in pending.taken:
+                        s.in_flight -= added
+                    free.append(pending.batch)
+                    pending = None
+                    now = self.clock()
+                    for s in searches:
+                        if not s.done:
+                            s.update(now)
+                    if on_round is not None:
+                        on_round(now)
+                    if gathered is not None and all(s.done for s, _ in gathered.taken):
+                        gathered.batch.clear()   # stopped meanwhile: its leaves are no longer wanted
+                        for s, added in gathered.taken:
+                            s.in_flight -= added
+                        free.append(gathered.batch)
+                        gathered = None
+                if gathered is not None:
+                    pending = self._submit(network, gathered)
+        finally:
+            if pending is not None and pending.future is not None:
+                try:
+                    pending.future.result()   # its thread reads the planes until it returns
+                except Exception:
+                    pass
+            with lock:
+                for batch in self._batches:
+                    if len(batch):
+                        batch.clear()
+                for s in searches:
+                    s.in_flight = 0
+
+    # -- one round -----------------------------------------------------------
+
+    def _gather(self, batch: Batch, active: list[MoveSearch]) -> _Gathered:
+        now = self.clock()
+        share = self._time_cap(active, now)
+        if share is not None:
+            share = max(1, share // len(active))
+        taken = []
+        order = active
+        if len(active) > 1:   # when the batch fills up, a different search goes first next round
+            start = self._start_index % len(active)
+            order = active[start:] + active[:start]
+            self._start_index += 1
+        for s in order:
+            room = self.capacity - len(batch)
+            if room <= 0:
+                break
+            cap = s.leaf_cap()
+            if share is not None:
+                cap = min(cap, share)
+            cap = min(cap, room)
+            if cap <= 0:
+                continue
+            limited = s.budget.nodes is not None or s.budget.depth is not None
+            added = s.tree.gather(batch, max_leaves=cap, max_visits=cap if limited else 0)
+            if added:
+                s.in_flight += added
+                taken.append((s, added))
+        return _Gathered(batch, taken)
+
+    def _time_cap(self, active: list[MoveSearch], now: float) -> Optional[int]:
+        """The batch that fits the most urgent timed search: at most 1/BATCHES_PER_BUDGET of its
+        time, and no more than the time it has left (None: no search is timed)."""
+        windows = [w for w in (s.time_window(now) for s in active) if w is not None]
+        if not windows:
+            return None
+        if not self.speed.measured:
+            return FIRST_TIMED_BATCH
+        allowed = min(min(total / BATCHES_PER_BUDGET, left) for total, left in windows)
+        return self.speed.largest_within(allowed, self.capacity)
+
+    def _submit(self, network: Any, gathered: _Gathered) -> _Gathered:
+        size = len(gathered.batch)
+        planes = gathered.batch.planes[:size]
+        self.calls += 1
+        if self.pipeline:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cyzero-network")
+            gathered.future = self._executor.submit(self._evaluate, network, planes)
+        else:
+            gathered.outputs = self._evaluate(network, planes)
+        return gathered
+
+    def _evaluate(self, network: Any, planes: Any) -> tuple[Any, float, int]:
+        start = self.clock()
+        outputs = network.evaluate(planes)
+        return outputs, self.clock() - start, len(planes)
+
+    @staticmethod
+    def _collect(gathered: _Gathered) -> tuple[Any, float, int]:
+        if gathered.future is not None:
+            return gathered.future.result()
+        return gathered.outputs
+
+
+# --------------------------------------------------------------------------- self-play
+
+
+GameKey = Hashable
+
+
+class MultiSearch:
+    """Many games searched together: one tree per game, their leaves in one batch per network call.
+
+    What a self-play worker calls, move after move::
+
+        games = MultiSearch(network, SearchParams(noise_epsilon=0.25, temperature=1.0, temp_cutoff_ply=30))
+        results = games.search({game_id: (board, GoParams(nodes=800)) for ...})
+
+    ``search`` takes a list of ``(board, go)`` (keys 0, 1, ...) or a dict keyed by game,
+    and returns results in the same shape: the move to play (temperature applied),
+    the root's visit distribution and value. Each game keeps its tree between
+    moves (reused when the next board extends the last) until :meth:`new_game`.
+    ``network`` has ``evaluate(planes) -> (policy, wdl, mlh)``.
+    """
+
+    def __init__(self, network: Any, params: Optional[SearchParams] = None, *, pipeline: bool = True,
+                 max_batch: Optional[int] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.network = network
+        self.params = params or SearchParams()
+        self.pipeline = pipeline
+        self.max_batch = max_batch
+        self.clock = clock
+        self.cache = NNCache(self.params.nn_cache_size)
+        self.trees: dict[GameKey, Tree] = {}
+        self._timemans: dict[GameKey, TimeManager] = {}
+        self._driver: Optional[Driver] = None
+        self._created = 0
+
+    def new_game(self, key: GameKey, seed: Optional[int] = None) -> None:
+        """Start game ``key`` afresh; ``seed`` fixes its noise and temperature draws (default:
+        SearchParams.seed plus a game counter, or a random seed when that is 0)."""
+        self.forget(key)
+        self._tree(key, seed)
+
+    def forget(self, key: GameKey) -> None:
+        """Drop game ``key``'s tree (the game is over)."""
+        self.trees.pop(key, None)
+        self._timemans.pop(key, None)
+
+    def search(self, games: Union[Sequence[tuple[Board, GoParams]], Mapping[GameKey, tuple[Board, GoParams]]]
+               ) -> Union[list[SearchResult], dict[GameKey, SearchResult]]:
+        keyed = dict(games) if isinstance(games, Mapping) else dict(enumerate(games))
+        start = self.clock()
+        searches = {}
+        for key, (board, go) in keyed.items():
+            tree = self._tree(key)
+            legal = [m for m in go.searchmoves if board.is_legal(m)]
+            go = replace(go, searchmoves=legal)
+            tree.set_position(board)
+            tree.set_searchmoves(legal)
+            budget = self._timemans[key].budget(go, board.turn, board.ply())
+            searches[key] = MoveSearch(tree, board, go, budget, self.params, start)
+        if searches:
+            self._driver_for(len(searches)).run(self.network, list(searches.values()))
+        used_ms = int((self.clock() - start) * 1000)
+        results = {}
+        for key, s in searches.items():
+            self._timemans[key].record(used_ms, s.budget)
+            results[key] = s.result()
+        return results if isinstance(games, Mapping) else [results[k] for k in range(len(keyed))]
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+
+    def _tree(self, key: GameKey, seed: Optional[int] = None) -> Tree:
+        tree = self.trees.get(key)
+        if tree is None:
+            if seed is None and self.params.seed:
+                seed = self.params.seed + self._created
+            self._created += 1
+            tree = Tree(cache=self.cache, seed=seed, max_bytes=self.params.hash_mb << 20,
+                        **self.params.tree_settings())
+            self.trees[key] = tree
+            self._timemans[key] = TimeManager(self.params.move_overhead_ms)
+        return tree
+
+    def _driver_for(self, games: int) -> Driver:
+        capacity = games * self.params.minibatch_size
+        if self.max_batch is not None:
+            capacity = min(capacity, self.max_batch)
+        driver = self._driver
+        if driver is None or driver.capacity < capacity:
+            if driver is not None:
+                driver.close()
+            driver = self._driver = Driver(capacity, self.pipeline, self.clock)
+        return driver
+
+
+# --------------------------------------------------------------------------- the UCI search
+
+
 class Searcher:
     """Runs one search at a time on its own thread and reports through callbacks.
 
     ``network`` is a zero-argument callable returning an object with
     ``evaluate(planes) -> (policy, wdl, mlh)``; it is called on the search
-    thread, so a lazy network load is charged to the first move's time.
+    thread, so a lazy network load is charged to the first move's time. When
+    it raises, the search reports ``SearchResult.error`` and no move.
+
+    ``pipeline``: keep two batches in flight (see :class:`Driver`). ``None``
+    (the default) turns it on only for a network on a GPU provider: on a CPU
+    the gather competes with ONNX Runtime's threads for the cores
+    (``cyzero bench search`` measures both).
     """
 
     def __init__(self, network: Callable[[], object], params: Optional[SearchParams] = None,
-                 timeman: Optional[TimeManager] = None) -> None:
+                 timeman: Optional[TimeManager] = None, *, pipeline: Optional[bool] = None) -> None:
         self._network = network
         self.params = params or SearchParams()
+        self.pipeline = pipeline
         self.info_interval_s = 1.0          # at most this long between info reports
         self.timeman = timeman or TimeManager()
         self.timeman.move_overhead_ms = self.params.move_overhead_ms
@@ -114,15 +692,22 @@ class Searcher:
         self._positioned = -1            # the generation whose position the tree holds
         self._on_info: Callable[[Info], None] = lambda info: None
         self._on_best: Callable[[SearchResult], None] = lambda result: None
-        self._start = 0.0                # the budget counts from here (the go, or the ponderhit)
         self._go_start = 0.0             # when the go arrived: info time and nps count from here
-        self._budget: Optional[Budget] = None
         self._go = GoParams()
         self._board = Board()
+        self._move: Optional[MoveSearch] = None
         self._watchdog: Optional[threading.Timer] = None
-        self._batch: Optional[Batch] = None
-        self._inflight: Optional[Batch] = None   # the batch at the network now (tree lock)
+        # One driver (and its batches) kept across searches: a new 7 MB planes buffer per go
+        # cost time, and, freed on a different short-lived search thread each time, left
+        # memory behind in glibc's per-thread arenas (RSS crept up over hundreds of games).
+        self._driver: Optional[Driver] = None
         self._snapshot: Optional[tuple[str, Optional[str]]] = None   # (best, ponder) as last reported
+        # Why the network could not be had, the last time it was asked for: a search stopped before
+        # it asked (an empty clock's watchdog) says so rather than invent a move.
+        self._network_failure: Optional[str] = None
+        self._last_info: Optional[Info] = None   # the last info reported for this go
+        self._last_info_at = 0.0
+        self._last_best: Optional[str] = None
         self.log: Callable[[str], None] = lambda text: None   # diagnostics (UCI: info string)
 
     # -- configuration -------------------------------------------------------
@@ -152,11 +737,13 @@ class Searcher:
         self.timeman.reset()
 
     def network_changed(self) -> None:
-        """A new network was swapped in: old evaluations no longer apply."""
+        """A new network was swapped in: old evaluations and speed measurements no longer apply."""
         self.wait()
         with self._tree_lock:
             self.tree.reset()
             self.cache.clear()
+            if self._driver is not None:
+                self._driver.speed = EvalSpeed()
 
     # -- searching -----------------------------------------------------------
 
@@ -199,31 +786,34 @@ class Searcher:
         # Under _done_lock: the previous search may be reporting its best move right now (its
         # _finish holds the lock), and must do so with its own position and limits.
         with self._done_lock:
-            self._start = self._go_start = started
+            self._go_start = started
             self._go = go
             self._board = board
             self._on_info = on_info
             self._on_best = on_bestmove
             self._stop = stop = threading.Event()
             self._ponderhit = threading.Event()
-            self._budget = self.timeman.budget(go, board.turn, board.ply())
+            budget = self.timeman.budget(go, board.turn, board.ply())
             self._generation += 1
             generation = self._generation
             self._done = False
             self._snapshot = None
+            self._last_info = None
+            self._last_best = None
+            self._last_info_at = started
             # The tree holds the new position before anything can stop this search: a stop (or a
             # watchdog firing at once on an empty clock) would otherwise report the previous
             # position's best move. The previous search's leaves at the network are dropped first
             # (its thread discards the results), since they point into the old tree.
             with self._tree_lock:
-                if self._inflight is not None:
-                    self._inflight.clear()
-                    self._inflight = None
+                if self._driver is not None:
+                    self._driver.drop()
                 self.tree.set_position(board)
                 self.tree.set_searchmoves(go.searchmoves)
+                self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started)
                 self._positioned = generation
             self._arm_watchdog()
-        self._thread = threading.Thread(target=self._run, args=(previous, stop, generation),
+        self._thread = threading.Thread(target=self._run, args=(previous, stop, move, generation),
                                         name="cyzero-search", daemon=True)
         self._thread.start()
 
@@ -240,11 +830,13 @@ class Searcher:
 
     def ponderhit(self) -> None:
         """The ponder move was played: go on as a timed search from now."""
-        if self._done or not self._go.ponder:
+        move = self._move
+        if self._done or not self._go.ponder or move is None:
             return
-        self._start = time.monotonic()
-        self._budget = self.timeman.ponderhit_budget(self._go, self._board.turn, self._board.ply())
+        board = self._board
+        budget = self.timeman.ponderhit_budget(self._go, board.turn, board.ply())
         self._go = replace(self._go, ponder=False)
+        move.rebudget(budget, time.monotonic())
         self._arm_watchdog()
         self._ponderhit.set()
 
@@ -256,14 +848,18 @@ class Searcher:
 
     # -- the thread ----------------------------------------------------------
 
-    def _run(self, previous: Optional[threading.Thread], stop: threading.Event, generation: int) -> None:
+    def _run(self, previous: Optional[threading.Thread], stop: threading.Event, move: MoveSearch,
+             generation: int) -> None:
         try:
             if previous is not None:
                 previous.join()     # it was stopped; it may still be waiting for its network batch
             if not stop.is_set():
-                self._search(stop)
+                self._search(stop, move)
         except Exception as exc:  # never leave a go without a bestmove
-            self.log(f"error: search failed: {type(exc).__name__}: {exc}")
+            if move.legal and not move.tree.nodes:
+                move.error = f"network evaluation failed: {_reason(exc)}"   # nothing searched to play
+            else:
+                self.log(f"error: search failed: {type(exc).__name__}: {exc}")
         finally:
             self._finish(generation)
 
@@ -280,104 +876,69 @@ class Searcher:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        budget = self._budget
-        if budget is None or budget.infinite:
+        move = self._move
+        if move is None or move.budget.infinite:
             return
-        delay = max(0.0, self._start + budget.hard_ms / 1000.0 - time.monotonic())
+        delay = max(0.0, move.start + move.budget.hard_ms / 1000.0 - time.monotonic())
         self._watchdog = threading.Timer(delay, self._stop_generation, args=(self._generation,))
         self._watchdog.daemon = True
         self._watchdog.start()
 
-    def _search(self, stop: threading.Event) -> None:
+    def _search(self, stop: threading.Event, move: MoveSearch) -> None:
         ponderhit = self._ponderhit
-        network = self._network()
-        root_moves = len(self._board.legal_moves())
-        if not root_moves:
+        try:
+            network = self._network()
+        except Exception as exc:
+            move.error = self._network_failure = f"no network loaded: {_reason(exc)}"
+            return
+        self._network_failure = None
+        move.network_ready = True
+        if not move.legal:
             # No move to play; still, go infinite / go ponder end only at stop (or ponderhit).
-            while self._budget.until_stop and not stop.is_set() and not ponderhit.is_set():
+            while move.budget.until_stop and not stop.is_set() and not ponderhit.is_set():
                 stop.wait(0.005)
             return
-        # One batch kept across searches: a new 7 MB planes buffer per go cost time, and, freed on
-        # a different short-lived search thread each time, left memory behind in glibc's
-        # per-thread arenas (RSS crept up over hundreds of games).
-        size = max(1, self.params.minibatch_size)
-        batch = self._batch
-        if batch is None or batch.capacity != size or len(batch):
-            batch = self._batch = Batch(size)
-        last_info = time.monotonic()
-        last_best = None
-        while not stop.is_set():
-            with self._tree_lock:
-                if stop.is_set():
-                    return
-                budget = self._budget
-                # A nodes limit caps the batch, so that go nodes N stops close to N.
-                left = budget.nodes - self.tree.nodes if budget.nodes is not None else 0
-                self.tree.gather(batch, max_leaves=max(1, left) if budget.nodes is not None else 0)
-                self._inflight = batch if len(batch) else None
-            if len(batch):
-                policy, wdl, mlh = network.evaluate(batch.planes[:len(batch)])
-            with self._tree_lock:
-                if stop.is_set():
-                    batch.clear()   # a no-op when a new search already dropped it
-                    return
-                self._inflight = None
-                if len(batch):
-                    batch.backup(policy, wdl, mlh)
-                best = self.tree.best_move()
-                now = time.monotonic()
-                if best != last_best or now - last_info >= self.info_interval_s:
-                    last_best = best
-                    last_info = now
-                    info = self.info()
-                    self._on_info(info)
-                    pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
-                    self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
-                done = self._should_stop(now, root_moves)
-            if done:
-                if not self._budget.until_stop:
-                    return
-                # go infinite / go ponder: only stop (or ponderhit) ends the search.
-                while not stop.is_set() and not ponderhit.is_set():
-                    stop.wait(0.005)
-                if stop.is_set():
-                    return
+        driver = self._driver_for(network)
+        while True:
+            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set, on_round=self._on_round)
+            if stop.is_set():
+                return
             if ponderhit.is_set():
                 ponderhit.clear()
+                with self._tree_lock:
+                    if stop.is_set() or move.update(time.monotonic()):
+                        return
+                continue       # the ponder search goes on as a timed one
+            if not move.budget.until_stop:
+                return
+            # go infinite / go ponder: only stop (or ponderhit) ends the search.
+            while not stop.is_set() and not ponderhit.is_set():
+                stop.wait(0.005)
 
-    def _should_stop(self, now: float, root_moves: int) -> bool:
-        budget = self._budget
-        tree = self.tree
-        if tree.root_proven is not None or tree.out_of_memory:
-            return True
-        if budget.nodes is not None and tree.nodes >= budget.nodes:
-            return True
-        if budget.depth is not None and tree.average_depth >= budget.depth:
-            return True
-        if budget.mate is not None:
-            best = tree.root_children()
-            if best and best[0]["proven"] == 1 and (best[0]["m"] + 2) // 2 <= budget.mate:
-                return True
-        if budget.infinite:
-            return False
-        elapsed_ms = (now - self._start) * 1000.0
-        if elapsed_ms >= budget.hard_ms or elapsed_ms >= budget.soft_ms:
-            return True
-        if root_moves == 1 or (self._go.searchmoves and len(self._go.searchmoves) == 1):
-            return True
-        return self._pruned(elapsed_ms, budget.soft_ms)
+    def _driver_for(self, network: object) -> Driver:
+        pipeline = self.pipeline
+        if pipeline is None:
+            pipeline = str(getattr(network, "provider", "CPUExecutionProvider")) != "CPUExecutionProvider"
+        size = max(1, self.params.minibatch_size)
+        driver = self._driver
+        if driver is None or driver.capacity != size or driver.pipeline != pipeline:
+            if driver is not None:
+                driver.close()
+            driver = self._driver = Driver(size, pipeline)
+        return driver
 
-    def _pruned(self, elapsed_ms: float, soft_ms: float) -> bool:
-        """Smart pruning: no other move can catch the best one in the time that is left."""
-        factor = self.params.smart_pruning_factor
-        if factor <= 0 or elapsed_ms < 100 or self.tree.playouts < 100:
-            return False
-        nps = self.tree.playouts / (elapsed_ms / 1000.0)
-        remaining = nps * max(0.0, soft_ms - elapsed_ms) / 1000.0 / factor
-        children = self.tree.root_children()
-        if len(children) < 2:
-            return True
-        return children[0]["n"] - children[1]["n"] > remaining
+    def _on_round(self, now: float) -> None:
+        """After each backup (tree lock held): an info report when the best move changed or
+        ``info_interval_s`` passed."""
+        best = self.tree.best_move()
+        if best != self._last_best or now - self._last_info_at >= self.info_interval_s:
+            self._last_best = best
+            self._last_info_at = now
+            info = self.info()
+            self._last_info = info
+            self._on_info(info)
+            pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
+            self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
 
     def _finish(self, generation: Optional[int] = None) -> None:
         """Report the best move once per go (from stop() or the thread, whichever is first).
@@ -401,39 +962,31 @@ class Searcher:
                     self._tree_lock.release()
             else:
                 result = self._snapshot_result()
-            used = int((time.monotonic() - self._start) * 1000)
-            if self._budget is not None and not self._budget.until_stop:
-                self.timeman.record(used, self._budget)
-            if result.info is not None:
+            move = self._move
+            if move is not None and not move.budget.until_stop:
+                self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
+            if result.info is not None and not result.info.same_search_state(self._last_info):
                 self._on_info(result.info)
             self._on_best(result)
 
     # -- reports -------------------------------------------------------------
 
     def _result(self) -> SearchResult:
+        move = self._move
         legal = self._board.legal_moves()
         if not legal:
             return SearchResult(None, None, None)
-        if self._positioned != self._generation:
+        error = self._error(move)
+        if error is not None:
+            return SearchResult(None, None, None, error=error)
+        allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
+        if self._positioned != self._generation or move is None:
             # Stopped before the search thread set up the tree (e.g. an empty clock's watchdog):
             # the tree still holds the previous position.
-            allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
             return SearchResult(allowed[0], None, None)
         has_info = bool(self.tree.playouts or self.tree.nodes)
-        best = None
-        if self.tree.nodes:
-            temperature = self.params.temperature
-            cutoff = self.params.temp_cutoff_ply
-            if cutoff and game_ply(self._board) >= cutoff:
-                temperature = 0.0
-            best = self.tree.choose_move(temperature) if temperature > 0 else self.tree.best_move()
-        allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
-        if best is not None and best not in allowed:
-            # The tree's best move ignores searchmoves (e.g. a reused tree whose favourite was
-            # excluded): play the best move that was allowed, as the info lines report it.
-            ranked = [c["move"] for c in self.tree.root_children() if c["move"] in allowed]
-            best = ranked[0] if ranked else None
-        if best is None or best not in legal:
+        best = move.choose()
+        if best is None:
             best = allowed[0]
             info = self.info(first=best) if has_info else None
             if info is not None and info.lines and info.lines[0].move != best:
@@ -443,24 +996,37 @@ class Searcher:
         # move when Temperature > 0), so that its pv[0] is the bestmove.
         info = self.info(first=best) if has_info else None
         pv = self.tree.pv(best)
-        ponder = pv[1] if len(pv) > 1 else None
-        return SearchResult(best, ponder, info)
+        q, d = self.tree.root_q
+        return SearchResult(best, pv[1] if len(pv) > 1 else None, info, visits=self.tree.visit_distribution(),
+                            q=q, d=d, nodes=self.tree.nodes)
 
     def _snapshot_result(self) -> SearchResult:
         """The best move (and ponder move) of the last info report, without touching the tree."""
         legal = self._board.legal_moves()
         if not legal:
             return SearchResult(None, None, None)
+        error = self._error(self._move)
+        if error is not None:
+            return SearchResult(None, None, None, error=error)
         allowed = [m for m in legal if not self._go.searchmoves or m in self._go.searchmoves] or legal
         snapshot = self._snapshot
         if snapshot is not None and snapshot[0] in allowed:
             return SearchResult(snapshot[0], snapshot[1], None)
         return SearchResult(allowed[0], None, None)
 
+    def _error(self, move: Optional[MoveSearch]) -> Optional[str]:
+        """Why this search could not run, if it could not."""
+        if move is None:
+            return None
+        if move.error is None and not move.network_ready:
+            return self._network_failure
+        return move.error
+
     def info(self, first: Optional[str] = None) -> Info:
         """The search as it stands (call with the tree lock held or while no search runs).
 
         ``first``: a root move to report as the first line (the move about to be played).
+        Depth is lc0's: the mean depth of this search's playouts, rounded down.
         """
         tree = self.tree
         elapsed = max(1e-6, time.monotonic() - self._go_start)
@@ -480,6 +1046,6 @@ class Searcher:
                 mate = int(child["proven"] * ((child["m"] + 2) // 2))
             lines.append(Line(rank, child["move"], tree.pv(child["move"]), child["n"], q, d, mate,
                               wdl_permille(q, d)))
-        return Info(depth=max(1, int(round(tree.average_depth))), seldepth=max(1, tree.seldepth),
+        return Info(depth=max(1, int(tree.average_depth)), seldepth=max(1, tree.seldepth),
                     nodes=tree.nodes, nps=int(tree.playouts / elapsed), time_ms=int(elapsed * 1000),
                     lines=lines)
