@@ -430,7 +430,7 @@ class Driver:
                     active = [s for s in searches if not s.done]
                     if active and free:
                         playouts = sum(s.tree.playouts for s in active)
-                        gathered = self._gather(free.pop(), active)
+                        gathered = self._gather(free.pop(), active, len(pending.batch) if pending else 0)
                         if not len(gathered.batch):
                             free.append(gathered.batch)
                             gathered = None
@@ -497,9 +497,10 @@ class Driver:
 
     # -- one round -----------------------------------------------------------
 
-    def _gather(self, batch: Batch, active: list[MoveSearch]) -> _Gathered:
+    def _gather(self, batch: Batch, active: list[MoveSearch], ahead: int) -> _Gathered:
+        """Fill ``batch`` from the active searches; ``ahead`` leaves are at the network before it."""
         now = self.clock()
-        share = self._time_cap(active, now)
+        share = self._time_cap(active, now, ahead)
         if share is not None:
             share = max(1, share // len(active))
         taken = []
@@ -525,15 +526,17 @@ class Driver:
                 taken.append((s, added))
         return _Gathered(batch, taken)
 
-    def _time_cap(self, active: list[MoveSearch], now: float) -> Optional[int]:
+    def _time_cap(self, active: list[MoveSearch], now: float, ahead: int) -> Optional[int]:
         """The batch that fits the most urgent timed search: at most 1/BATCHES_PER_BUDGET of its
-        time, and no more than the time it has left (None: no search is timed)."""
+        time, and no more than the time it has left after the ``ahead`` leaves at the network
+        (None: no search is timed)."""
         windows = [w for w in (s.time_window(now) for s in active) if w is not None]
         if not windows:
             return None
         if not self.speed.measured:
             return FIRST_TIMED_BATCH
-        allowed = min(min(total / BATCHES_PER_BUDGET, left) for total, left in windows)
+        busy = ahead * (self.speed.seconds_per_position(ahead) or 0.0) if ahead else 0.0
+        allowed = min(min(total / BATCHES_PER_BUDGET, left - busy) for total, left in windows)
         return self.speed.largest_within(allowed, self.capacity)
 
     def _submit(self, network: Any, gathered: _Gathered) -> _Gathered:
