@@ -15,8 +15,14 @@ Contract with the search loop
   never delays the best move.
 * Stop at ``soft_ms``, or earlier when smart pruning shows that no other move
   can overtake the best one before ``soft_ms``. Going on past ``soft_ms``
-  (up to ``hard_ms``) is allowed only while the best move is unstable (for
-  example, the most visited move is not the one with the best value).
+  (up to ``hard_ms``) is allowed only while the best move is unstable: the
+  time extension (``SearchParams.time_extension``, UCI ``TimeExtension``,
+  on by default) goes on, as lc0 thinks longer, while another root move has
+  a better value (Q) than the most visited one on at least 10 % of its
+  visits, or while the most visited move changed within the last 10 % of
+  ``soft_ms``; while it is unstable, smart pruning looks as far as
+  ``hard_ms``. ``engine.search.MoveSearch.should_stop`` applies these rules.
+  A movetime budget has ``soft_ms == hard_ms``: nothing to extend.
 * ``hard_ms == 0`` (see :attr:`Budget.immediate`) means "play at once": the
   search returns after its first minimal evaluation (or the first legal move
   if even that is not possible). Zero, tiny and negative clocks give this.
@@ -67,7 +73,7 @@ the start of the game (the most moves left, so the smallest budget).
 
 The caps on ``hard``:
 
-* ``hard_ratio * soft`` (3x): room to go on while the best move is unstable.
+* ``hard_ratio * soft`` (3x): room for the time extension.
 * ``f(M) * avail``: one move never takes more than 30 % of the clock, plus a
   share that grows as the time control nears; with ``movestogo`` = 1,
   ``f(1)`` = 0.9, so the move may use most, but never all, of the clock.
