@@ -114,7 +114,7 @@ class SearchParams:
     nn_cache_size: int = _param(200_000, 0, 100_000_000, "positions", "network evaluations kept for reuse",
                                 "NNCacheSize")
     hash_mb: int = _param(256, 1, 1 << 20, "MiB", "memory the search tree may use", "Hash")
-    move_overhead_ms: int = _param(100, 0, 10_000, "ms", "time the GUI and network take per move, "
+    move_overhead_ms: int = _param(50, 0, 10_000, "ms", "time the GUI and network take per move, "
                                    "kept off every budget", "Move Overhead")
     time_extension: bool = _param(True, None, None, "", "go on past the time target, up to the hard limit, "
                                   "while the best move is unstable", "TimeExtension")

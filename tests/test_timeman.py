@@ -217,7 +217,7 @@ def test_ponderhit_continues_as_the_timed_search_of_the_same_go():
     assert not hit.infinite and not hit.until_stop and hit.nodes == 10**6
     plain = GoParams(wtime=30_000, btime=30_000, winc=300, binc=300, nodes=10**6)
     assert hit == tm.budget(plain, False, 33)
-    assert tm.ponderhit_budget(GoParams(ponder=True, movetime=700), True).hard_ms == 700 - 105
+    assert tm.ponderhit_budget(GoParams(ponder=True, movetime=700), True).hard_ms == 700 - tm.move_overhead_ms - tm.safety_ms
     assert tm.ponderhit_budget(GoParams(ponder=True, infinite=True), True).until_stop
 
 
