@@ -39,7 +39,7 @@ from engine.params import SearchParams
 from engine.timeman import TimeManager
 from engine.tree import Batch, NNCache, Tree
 
-__all__ = ["Driver", "EvalSpeed", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
+__all__ = ["Driver", "EvalSpeed", "default_pipeline", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
            "game_ply", "q_to_cp", "wdl_permille"]
 
 # A timed search plans at least this many batches into its time (fewer, larger ones
@@ -661,6 +661,14 @@ class MultiSearch:
 # --------------------------------------------------------------------------- the UCI search
 
 
+def default_pipeline(network: object) -> bool:
+    """Whether the UCI search keeps two batches in flight with ``network``: on a GPU provider
+    only. On a CPU the gather competes with ONNX Runtime's threads for the same cores, and
+    ``cyzero bench search`` (which measures both) shows no gain there."""
+    return str(getattr(network, "provider", "CPUExecutionProvider")) != "CPUExecutionProvider"
+
+
+
 class Searcher:
     """Runs one search at a time on its own thread and reports through callbacks.
 
@@ -919,9 +927,7 @@ class Searcher:
                 stop.wait(0.005)
 
     def _driver_for(self, network: object) -> Driver:
-        pipeline = self.pipeline
-        if pipeline is None:
-            pipeline = str(getattr(network, "provider", "CPUExecutionProvider")) != "CPUExecutionProvider"
+        pipeline = default_pipeline(network) if self.pipeline is None else self.pipeline
         size = max(1, self.params.minibatch_size)
         driver = self._driver
         if driver is None or driver.capacity != size or driver.pipeline != pipeline:

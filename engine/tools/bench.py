@@ -1206,6 +1206,7 @@ class _CountingNetwork:
 
     def __init__(self, net) -> None:
         self.net = net
+        self.provider = net.provider       # the search picks its pipelining by provider
         self.positions = 0
         self.calls = 0
         self.seconds = 0.0
@@ -1239,6 +1240,57 @@ def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float
     return searcher.tree.playouts, elapsed, searcher.tree.bytes_per_node
 
 
+# The positions of a short-time-control check: go movetime 200 with the UCI defaults.
+MOVETIME_SHORT = 200
+MOVETIME_FENS = (
+    "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1",
+    "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",
+    "r2q1rk1/pp2bppp/2n1pn2/3p4/3P4/2NBPN2/PP3PPP/R2Q1RK1 w - - 0 10",
+)
+MOVETIME_REPEATS = 3
+SEARCH_MODES = (("one batch", False), ("two batches", True))
+
+
+def _short_movetime(counted, raw_positions_per_s: float) -> dict:
+    """``go movetime 200`` with the UCI defaults (MinibatchSize, Move Overhead, smart pruning,
+    pipelining), a new game each time: median nodes against what raw evaluate could do in the
+    time the budget leaves after the overhead and the safety margin."""
+    import statistics
+    import threading
+
+    from engine.board import Board
+    from engine.limits import GoParams
+    from engine.params import SearchParams
+    from engine.search import Searcher
+
+    params = SearchParams()
+    searcher = Searcher(lambda: counted, params)
+    nodes = []
+    for _ in range(MOVETIME_REPEATS):
+        for fen in MOVETIME_FENS:
+            searcher.new_game()
+            done = threading.Event()
+            searcher.start(Board(fen), GoParams(movetime=MOVETIME_SHORT), lambda info: None,
+                           lambda result: done.set())
+            if not done.wait(30):
+                searcher.stop()
+                raise BenchError(f"{fen}: go movetime {MOVETIME_SHORT} did not return a best move")
+            searcher.wait()
+            nodes.append(searcher.tree.nodes)
+    budget_ms = max(0, MOVETIME_SHORT - params.move_overhead_ms - searcher.timeman.safety_ms)
+    capacity = raw_positions_per_s * budget_ms / 1000.0
+    median = statistics.median(nodes)
+    return {
+        "movetime_ms": MOVETIME_SHORT,
+        "move_overhead_ms": params.move_overhead_ms,
+        "budget_ms": budget_ms,
+        "median_nodes": median,
+        "nodes": sorted(nodes),
+        "raw_capacity": round(capacity, 1),
+        "ratio": round(median / capacity, 4) if capacity else 0.0,
+    }
+
+
 @register(
     "search",
     "engine nodes/s with the bundled network next to raw evaluate throughput at the same batch",
@@ -1246,12 +1298,14 @@ def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float
 )
 def bench_search(args: argparse.Namespace) -> int:
     """Search nodes/s over fixed positions against the network's own positions/s at the
-    search's MinibatchSize, measured alternately in one run; ``efficiency`` is their ratio."""
+    search's MinibatchSize, measured alternately in one run, with one batch and with two
+    batches in flight; ``efficiency`` is their ratio. Then ``go movetime 200`` with the UCI
+    defaults: nodes against the raw capacity of its time."""
     import numpy as np
 
     from engine.network import Network
     from engine.params import SearchParams
-    from engine.search import Searcher
+    from engine.search import Searcher, default_pipeline
     from engine.timeman import TimeManager
     from engine.weights import default_weights_path
 
@@ -1263,8 +1317,10 @@ def bench_search(args: argparse.Namespace) -> int:
                   log=notes.append)
     counted = _CountingNetwork(net)
     # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
-    searcher = Searcher(lambda: counted, SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0),
-                        TimeManager(safety_ms=0))
+    params = SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0)
+    searchers = {pipeline: Searcher(lambda: counted, params, TimeManager(safety_ms=0), pipeline=pipeline)
+                 for _, pipeline in SEARCH_MODES}
+    uci_pipeline = default_pipeline(counted)   # what the UCI search picks here
     planes, _ = _nn_inputs(args.batch)
     policy = np.empty((args.batch, 1858), np.float32)
     wdl = np.empty((args.batch, 3), np.float32)
@@ -1274,43 +1330,57 @@ def bench_search(args: argparse.Namespace) -> int:
             print(line)
         print(f"network: {net.description}; batch {args.batch}")
         print()
-        print(f"{'position':<12}{'search nodes/s':>16}{'raw pos/s':>12}{'efficiency':>12}"
-              f"{'mean batch':>12}{'bytes/node':>12}")
+        print(f"{'position':<12}{'raw pos/s':>11}" + "".join(
+            f"{label + ' nodes/s':>24}{'eff.':>7}{'batch':>7}" for label, _ in SEARCH_MODES) + f"{'bytes/node':>12}")
     positions = []
     half = max(0.25, args.seconds / 2)
     for name, fen in TREE_POSITIONS:
         raw_positions, raw_seconds = 0, 0.0
-        search_nodes, search_seconds, bytes_per_node = 0, 0.0, 0.0
-        calls_before, positions_before = counted.calls, counted.positions
-        for _ in range(2):  # alternate, so that a change in the machine's load hits both alike
+        per_mode = {pipeline: dict(nodes=0, seconds=0.0, calls=0, positions=0) for _, pipeline in SEARCH_MODES}
+        bytes_per_node = 0.0
+        for _ in range(2):  # alternate, so that a change in the machine's load hits all alike
             runs, secs = _time_slice(net, planes, (policy, wdl, mlh), half)
             raw_positions += runs * args.batch
             raw_seconds += secs
-            nodes, secs, bytes_per_node = _timed_search(searcher, fen, half)
-            search_nodes += nodes
-            search_seconds += secs
-        calls = counted.calls - calls_before
-        result = {
-            "name": name,
-            "fen": fen,
-            "search_nodes_per_s": round(search_nodes / search_seconds, 1),
-            "raw_positions_per_s": round(raw_positions / raw_seconds, 1),
-            "mean_batch": round((counted.positions - positions_before) / calls, 1) if calls else 0.0,
-            "bytes_per_node": round(bytes_per_node, 2),
-        }
-        result["efficiency"] = round(result["search_nodes_per_s"] / result["raw_positions_per_s"], 4)
+            for _, pipeline in SEARCH_MODES:
+                calls, evaluated = counted.calls, counted.positions
+                nodes, secs, bytes_per_node = _timed_search(searchers[pipeline], fen, half)
+                mode = per_mode[pipeline]
+                mode["nodes"] += nodes
+                mode["seconds"] += secs
+                mode["calls"] += counted.calls - calls
+                mode["positions"] += counted.positions - evaluated
+        raw = raw_positions / raw_seconds
+        result = {"name": name, "fen": fen, "raw_positions_per_s": round(raw, 1),
+                  "bytes_per_node": round(bytes_per_node, 2), "modes": {}}
+        for label, pipeline in SEARCH_MODES:
+            mode = per_mode[pipeline]
+            nps = mode["nodes"] / mode["seconds"]
+            result["modes"][label] = {
+                "search_nodes_per_s": round(nps, 1),
+                "efficiency": round(nps / raw, 4),
+                "mean_batch": round(mode["positions"] / mode["calls"], 1) if mode["calls"] else 0.0,
+            }
         positions.append(result)
         if not args.json:
-            print(f"{name:<12}{_fmt_int(result['search_nodes_per_s']):>16}"
-                  f"{_fmt_int(result['raw_positions_per_s']):>12}{result['efficiency']:>11.1%}"
-                  f"{result['mean_batch']:>12.1f}{result['bytes_per_node']:>12.1f}", flush=True)
-    search_nps = sum(p["search_nodes_per_s"] for p in positions) / len(positions)
+            print(f"{name:<12}{_fmt_int(raw):>11}" + "".join(
+                f"{_fmt_int(m['search_nodes_per_s']):>24}{m['efficiency']:>7.1%}{m['mean_batch']:>7.0f}"
+                for m in result["modes"].values()) + f"{result['bytes_per_node']:>12.1f}", flush=True)
     raw_pps = sum(p["raw_positions_per_s"] for p in positions) / len(positions)
+    modes = {}
+    for label, _ in SEARCH_MODES:
+        nps = sum(p["modes"][label]["search_nodes_per_s"] for p in positions) / len(positions)
+        modes[label] = {"search_nodes_per_s": round(nps, 1), "efficiency": round(nps / raw_pps, 4)}
+    uci_mode = SEARCH_MODES[1][0] if uci_pipeline else SEARCH_MODES[0][0]
+    short = _short_movetime(counted, raw_pps)
     summary = {
         "benchmark": "search",
-        "efficiency": round(search_nps / raw_pps, 4),
-        "search_nodes_per_s": round(search_nps, 1),
+        "efficiency": modes[uci_mode]["efficiency"],
+        "search_nodes_per_s": modes[uci_mode]["search_nodes_per_s"],
         "raw_positions_per_s": round(raw_pps, 1),
+        "uci_mode": uci_mode,
+        "modes": modes,
+        "short_movetime": short,
         "bytes_per_node": round(sum(p["bytes_per_node"] for p in positions) / len(positions), 2),
         "batch": args.batch,
         "provider": net.provider,
@@ -1323,7 +1393,15 @@ def bench_search(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
         return 0
     print()
-    print(f"total: search {_fmt_int(search_nps)} nodes/s, raw evaluate {_fmt_int(raw_pps)} positions/s "
-          f"at batch {args.batch}: efficiency {summary['efficiency']:.1%} (target >= 90%); "
-          f"{summary['bytes_per_node']:.1f} bytes per node; {summary['wall_seconds']:.1f} s")
+    for label, mode in modes.items():
+        print(f"total, {label}{' (the UCI search here)' if label == uci_mode else ''}: search "
+              f"{_fmt_int(mode['search_nodes_per_s'])} nodes/s, raw evaluate {_fmt_int(raw_pps)} positions/s "
+              f"at batch {args.batch}: efficiency {mode['efficiency']:.1%} (target >= 90%)")
+    print(f"{summary['bytes_per_node']:.1f} bytes per node")
+    print()
+    print(f"go movetime {short['movetime_ms']}: nodes vs raw capacity (UCI defaults, Move Overhead "
+          f"{short['move_overhead_ms']} ms: {short['budget_ms']} ms to search): median "
+          f"{_fmt_int(short['median_nodes'])} nodes of {_fmt_int(short['raw_capacity'])} = "
+          f"{short['ratio']:.0%} (target >= 50%); all {short['nodes']}")
+    print(f"{summary['wall_seconds']:.1f} s")
     return 0
