@@ -26,6 +26,7 @@ move while the network is busy and the thread's later results are dropped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -176,7 +177,7 @@ class MoveSearch:
         self.done = self.should_stop(now, children)
         return self.done
 
-    def should_stop(self, now: float, children: Optional[list[dict]] = None) -> bool:
+    def should_stop(self, now: float, children: Optional[list] = None) -> bool:
         tree = self.tree
         budget = self.budget
         if not self.legal or tree.root_proven is not None or tree.out_of_memory:
@@ -190,33 +191,33 @@ class MoveSearch:
         if budget.mate is not None:
             if children and children[0]["proven"] == 1 and (children[0]["m"] + 2) // 2 <= budget.mate:
                 return True
-        if budget.infinite:
+        soft, hard = budget.soft_ms, budget.hard_ms
+        if soft is None or hard is None:      # no time limit
             return False
         elapsed_ms = (now - self.start) * 1000.0
-        if elapsed_ms >= budget.hard_ms:
+        if elapsed_ms >= hard:
             return True
         if len(self.allowed) == 1:
             return True
-        unstable = (self.params.time_extension and budget.hard_ms > budget.soft_ms
-                    and self.unstable(now, children))
-        if elapsed_ms >= budget.soft_ms and not unstable:
+        unstable = self.params.time_extension and hard > soft and self.unstable(now, children)
+        if elapsed_ms >= soft and not unstable:
             return True
-        self.extending = elapsed_ms >= budget.soft_ms
+        self.extending = elapsed_ms >= soft
         # While the best move is unstable, smart pruning looks as far as the hard limit.
-        return self._pruned(elapsed_ms, budget.hard_ms if unstable else budget.soft_ms, children)
+        return self._pruned(elapsed_ms, hard if unstable else soft, children)
 
-    def unstable(self, now: float, children: list[dict]) -> bool:
+    def unstable(self, now: float, children: list) -> bool:
         """The best move may still change: another move has the better value (Q) on enough
         visits, or the most visited move changed recently (lc0's reasons to think longer)."""
         if not children or not children[0]["n"] or children[0]["proven"] is not None:
             return False
         top = children[0]
-        if (now - self._best_since) * 1000.0 < EXTENSION_RECENT_SHARE * self.budget.soft_ms:
+        if (now - self._best_since) * 1000.0 < EXTENSION_RECENT_SHARE * (self.budget.soft_ms or 0):
             return True
         enough = max(1, EXTENSION_MIN_VISIT_SHARE * top["n"])
         return any(c["n"] >= enough and c["q"] is not None and c["q"] > top["q"] for c in children[1:])
 
-    def _pruned(self, elapsed_ms: float, deadline_ms: float, children: list[dict]) -> bool:
+    def _pruned(self, elapsed_ms: float, deadline_ms: float, children: list) -> bool:
         """Smart pruning: no other move can catch the best one before the deadline at this speed."""
         factor = self.params.smart_pruning_factor
         tree = self.tree
@@ -228,7 +229,7 @@ class MoveSearch:
             return True
         return children[0]["n"] - children[1]["n"] > remaining
 
-    def _children(self) -> list[dict]:
+    def _children(self) -> list:
         """Root moves best first, only those the search may play."""
         children = self.tree.root_children() if self.tree.nodes else []
         if self.go.searchmoves:
@@ -263,10 +264,9 @@ class MoveSearch:
 
     def time_window(self, now: float) -> Optional[tuple[float, float]]:
         """(seconds the move may take, seconds left of them), or None when time is no limit."""
-        budget = self.budget
-        if budget.infinite:
+        deadline_ms = self.budget.hard_ms if self.extending else self.budget.soft_ms
+        if deadline_ms is None:
             return None
-        deadline_ms = budget.hard_ms if self.extending else budget.soft_ms
         return deadline_ms / 1000.0, max(0.0, deadline_ms / 1000.0 - (now - self.start))
 
     # -- the result ----------------------------------------------------------
@@ -356,17 +356,6 @@ class EvalSpeed:
         return size
 
 
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
-
-
 @dataclass
 class _Gathered:
     batch: Batch
@@ -392,7 +381,6 @@ class Driver:
         self.pipeline = pipeline
         self.clock = clock
         self.speed = EvalSpeed()
-        self.calls = 0                 # network calls made (for benchmarks and tests)
         self._batches = [Batch(capacity) for _ in range(2 if pipeline else 1)]
         self._executor: Optional[ThreadPoolExecutor] = None
         self._start_index = 0          # round-robin start when the batch cannot hold every search
@@ -417,7 +405,7 @@ class Driver:
         never during the network call. ``on_round(now)`` runs after each backup.
         A network error propagates (the searches keep what they had).
         """
-        lock = _NO_LOCK if lock is None else lock
+        lock = contextlib.nullcontext() if lock is None else lock
         stopped = stopped or (lambda: False)
         free = list(self._batches)
         pending: Optional[_Gathered] = None      # at the network
@@ -542,7 +530,6 @@ class Driver:
     def _submit(self, network: Any, gathered: _Gathered) -> _Gathered:
         size = len(gathered.batch)
         planes = gathered.batch.planes[:size]
-        self.calls += 1
         if self.pipeline:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cyzero-network")
@@ -888,7 +875,7 @@ class Searcher:
             self._watchdog.cancel()
             self._watchdog = None
         move = self._move
-        if move is None or move.budget.infinite:
+        if move is None or move.budget.hard_ms is None:    # no time limit
             return
         delay = max(0.0, move.start + move.budget.hard_ms / 1000.0 - time.monotonic())
         self._watchdog = threading.Timer(delay, self._stop_generation, args=(self._generation,))
@@ -911,15 +898,16 @@ class Searcher:
             return
         driver = self._driver_for(network)
         while True:
-            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set, on_round=self._on_round)
-            if stop.is_set():
-                return
-            if ponderhit.is_set():
+            if ponderhit.is_set():      # the ponder search goes on as a timed one, unless done already
                 ponderhit.clear()
                 with self._tree_lock:
                     if stop.is_set() or move.update(time.monotonic()):
                         return
-                continue       # the ponder search goes on as a timed one
+            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set, on_round=self._on_round)
+            if stop.is_set():
+                return
+            if ponderhit.is_set():
+                continue
             if not move.budget.until_stop:
                 return
             # go infinite / go ponder: only stop (or ponderhit) ends the search.

@@ -400,3 +400,22 @@ def test_temperature_samples_before_the_cutoff_and_plays_the_best_after():
         else:
             assert result.best == multi.trees[key].best_move() == most_visited
     assert False in early_choices        # sampled: not always the most visited move
+
+
+def test_timed_games_share_the_batches_and_all_stop_by_their_deadline():
+    clock = FakeClock()
+    net = FakeNet(clock=clock, per_call=0.001, per_position=0.0001)
+    multi = MultiSearch(net, SearchParams(minibatch_size=32, move_overhead_ms=0), clock=clock)
+    start = clock.now
+    results = multi.search([(Board(fen) if fen else Board(), GoParams(movetime=105)) for fen in FENS])
+    assert all(r.best is not None and r.nodes > 32 for r in results)
+    assert (clock.now - start) * 1000 <= 100 + 1 + 0.1 * 2      # movetime 105 less the 5 ms safety
+    assert net.calls >= BATCHES_PER_BUDGET and max(net.sizes) <= 8 * 32
+
+
+def test_a_batch_smaller_than_every_game_together_still_serves_them_all():
+    net = FakeNet()
+    multi = MultiSearch(net, SearchParams(minibatch_size=16), max_batch=24)
+    results = multi.search([(Board(fen) if fen else Board(), GoParams(nodes=100)) for fen in FENS])
+    assert [r.nodes for r in results] == [100] * len(FENS)
+    assert max(net.sizes) <= 24

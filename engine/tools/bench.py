@@ -37,8 +37,10 @@ Registered so far:
 ``search``
     engine nodes/s with the bundled network (the whole search loop: gather,
     evaluate, backup, callbacks) next to the raw ``evaluate`` throughput at
-    the same batch size, alternating in one run; ``efficiency`` is their
-    ratio, and bytes per node of the trees built.
+    the same batch size, alternating in one run, with one batch and with two
+    batches in flight; ``efficiency`` is their ratio, and bytes per node of
+    the trees built. Then ``go movetime 200`` with the UCI defaults: median
+    nodes against what raw evaluate could do in its time (target >= 50 %).
 
 ``uci``
     protocol latencies over pipes, as a GUI sees them, on real engine
