@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine import __version__
+from engine.params import SearchParams
 
 
 class BenchError(Exception):
@@ -718,7 +719,8 @@ TREE_BATCH = 256
 # Past this many nodes the Cython tree starts over (a long --seconds stays in memory).
 TREE_MAX_NODES = 3_000_000
 TREE_NOTE = (
-    "null evaluator (uniform policy, value 0: wdl [0,1,0]) for both. Headline ratio: equal "
+    "null evaluator (uniform policy, value 0: wdl [0,1,0]) and the default SearchParams for "
+    "both. Headline ratio: equal "
     "work, i.e. Cython searches of as many playouts as the Python search managed, gathering "
     "{batch} leaves a batch without writing input planes (the null evaluator reads none, and "
     "the Python search, with Node objects, dicts of children and python-chess push/pop, "
@@ -741,7 +743,9 @@ def _add_tree_arguments(parser: argparse.ArgumentParser) -> None:
 def _null_outputs(batch: int):
     import numpy as np
 
-    policy = np.zeros((batch, 1858), np.float32)
+    from engine.encoding import POLICY_SIZE
+
+    policy = np.zeros((batch, POLICY_SIZE), np.float32)
     wdl = np.zeros((batch, 3), np.float32)
     wdl[:, 1] = 1.0
     return policy, wdl
@@ -793,7 +797,7 @@ class _CythonTreeTimer:
         elapsed = 0.0
         while elapsed < seconds:
             if self.tree is None:
-                self.tree = Tree(self.board, seed=0)
+                self.tree = Tree(self.board, seed=0, **SearchParams().tree_settings())
                 self.searches += 1
             tree, batch = self.tree, self.batch
             tree.gather(batch, max_visits=self.limit - tree.playouts)
@@ -825,9 +829,9 @@ def run_tree_position(name: str, fen: str, seconds: float, batch_size: int) -> d
     in the machine's load hits both alike."""
     import chess
 
-    from engine.tools.puct_reference import PythonPuct
+    from engine.tools.puct_reference import PythonPuct, null_evaluator
 
-    python = PythonPuct(chess.Board(fen))
+    python = PythonPuct(chess.Board(fen), SearchParams(), null_evaluator)
     python_seconds = 0.0
     cython = _CythonTreeTimer(fen, batch_size)
     step = min(0.5, seconds)

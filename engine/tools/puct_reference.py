@@ -1,34 +1,85 @@
-"""A plain-Python PUCT search on python-chess: the baseline of ``cyzero bench tree``.
+"""A plain-Python PUCT search on python-chess: the oracle of the Cython tree and the
+baseline of ``cyzero bench tree``.
 
-This is the design the slowest self-play pipelines use, written plainly so that
-the benchmark compares the Cython tree (``engine.tree``) with something a person
-would recognise: a :class:`Node` object per position with a dict of children,
-one python-chess ``Board`` that is pushed down the tree and popped back up,
-legal moves generated for every expansion, one playout at a time.
+Written plainly, as the slowest self-play pipelines are: a :class:`Node` object per
+position with a list of children, one python-chess ``Board`` that is pushed down the
+tree and popped back up, legal moves generated for every expansion, one playout at a
+time.
 
-The selection rule is the Cython tree's (lc0's): PUCT with the logarithmic
-cpuct growth, first-play urgency reduced by the visited policy, values stored
-from the view of the player who moved into the node.  Terminal positions are
-scored as the tree scores them (checkmate, stalemate, insufficient material,
-the 50-move rule, and a repetition below the root, found with python-chess's
-``is_repetition(2)``).  The
-evaluator is the null one: uniform priors over the legal moves and a draw.
+Its rules are the Cython tree's (``engine.tree``), with the same parameters
+(:class:`engine.params.SearchParams`, ``tree`` rows): lc0's PUCT with the logarithmic
+cpuct growth and separate root constants, first-play urgency reduced by the visited
+policy, values stored from the view of the player who moved into the node, the policy
+softmax at ``policy_temperature``, and terminal positions scored as the tree scores
+them (mate, stalemate, insufficient material, the 50-move rule, threefold repetition
+with the game history, twofold inside the tree with ``two_fold_draws``).  Where the
+tree's representation decides between equal candidates, the reference copies it:
 
-Only the benchmark imports this module; the engine never does.
+* priors go through the tree's float32 softmax and are stored as ``P x 65535`` in a
+  uint16, read back as the float32 ``q / 65535``;
+* children are kept in descending prior order, equal priors in the evaluator's order
+  (the tree's edges: its move generator's order, stable insertion sort);
+* selection keeps the first best visited child and, among the unvisited children
+  (which share one FPU value), the first with the highest prior; an unvisited child
+  wins only with a strictly higher score.
+
+What it does not have (so the tree may differ where these matter): proofs (the tree
+scores a proven child by its exact result and stops at a proven root), the NN cache,
+batches with in-flight visits and collisions, root noise, and float32 arithmetic in
+selection and backup (this search uses Python floats).
+
+The engine never imports this module; the benchmark and the tests do.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import time
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 import chess
 
-__all__ = ["Node", "PythonPuct"]
+from engine.params import SearchParams
+
+__all__ = ["Evaluator", "Node", "PythonPuct", "null_evaluator", "tree_priors"]
+
+# evaluate(board, legal moves) -> (the legal moves in the order that breaks ties between
+# equal priors, their policy logits, W - L and D for the side to move).
+Evaluator = Callable[[chess.Board, list[chess.Move]], tuple[Sequence[chess.Move], Sequence[float], float, float]]
+
+
+def null_evaluator(board: chess.Board, moves: list[chess.Move]):
+    """The null network: equal logits (a uniform policy) and a draw."""
+    return moves, [0.0] * len(moves), 0.0, 1.0
+
+
+_INV_65535 = 1.0 / 65535.0
+
+
+def _float32(values) -> array:
+    """``values`` rounded to float32, as the tree's C floats hold them."""
+    return array("f", values)
+
+
+def tree_priors(logits: Sequence[float], temperature: float) -> list[float]:
+    """The priors the tree stores for these logits: its softmax (engine.encoding's
+    ``legal_priors``, float32 with a double sum) quantised to ``P x 65535`` and read
+    back as the float32 ``q / 65535``."""
+    xs = _float32(logits)
+    inv_t = 1.0 / _float32([temperature])[0]
+    hi = max(xs)
+    exps = _float32([math.exp(d * inv_t) for d in _float32([x - hi for x in xs])])
+    total = functools.reduce(operator.add, exps, 0.0)  # in order, in a double, as the tree sums
+    return list(_float32([(int(p * 65535.0 + 0.5) if p < 1.0 else 65535) * _INV_65535
+                          for p in _float32([e / total for e in exps])]))
 
 
 class Node:
-    """One position: visit count, value sums (seen by the player who moved in), children."""
+    """One position: visit count, value means (seen by the player who moved in), children."""
 
     __slots__ = ("prior", "n", "wl", "d", "children", "terminal")
 
@@ -37,69 +88,93 @@ class Node:
         self.n = 0
         self.wl = 0.0  # running mean of W - L
         self.d = 0.0  # running mean of the draw probability
-        self.children: dict[chess.Move, Node] | None = None  # None until expanded
-        self.terminal: float | None = None  # exact value when the game is over here
+        self.children: Optional[dict[chess.Move, Node]] = None  # None until expanded; in edge order
+        self.terminal: Optional[float] = None  # exact value when the game is over here
 
 
 class PythonPuct:
-    """PUCT search of one position, one playout at a time, with the null evaluator."""
+    """PUCT search of one position, one playout at a time."""
 
     def __init__(
         self,
         board: chess.Board,
-        *,
-        cpuct: float = 1.745,
-        cpuct_base: float = 38739.0,
-        cpuct_factor: float = 3.894,
-        fpu_value: float = 0.330,
-        fpu_value_root: float = 1.0,
+        params: Optional[SearchParams] = None,
+        evaluate: Evaluator = null_evaluator,
     ) -> None:
+        params = params if params is not None else SearchParams()
         self.board = board.copy()
-        self.root_stack = len(self.board.move_stack)
+        self.root_ply = len(self.board.move_stack)
         self.root = Node(1.0)
-        self.cpuct = cpuct
-        self.cpuct_base = cpuct_base
-        self.cpuct_factor = cpuct_factor
-        self.fpu_value = fpu_value
-        self.fpu_value_root = fpu_value_root
+        self.evaluate = evaluate
+        self.two_fold_draws = params.two_fold_draws
+        self.policy_temperature = params.policy_temperature
+        # (cpuct, cpuct_base, cpuct_factor, fpu_value) below the root and at the root
+        self.constants = (
+            (params.cpuct, params.cpuct_base, params.cpuct_factor, params.fpu_value),
+            (params.cpuct_root, params.cpuct_base_root, params.cpuct_factor_root, params.fpu_value_root),
+        )
         self.playouts = 0
 
     # -- one playout -----------------------------------------------------------
 
     def select(self, node: Node, at_root: bool) -> tuple[chess.Move, Node]:
-        cpuct = self.cpuct + self.cpuct_factor * math.log((node.n + self.cpuct_base) / self.cpuct_base)
-        puct = cpuct * math.sqrt(max(node.n - 1, 1))
-        visited_policy = sum(child.prior for child in node.children.values() if child.n > 0)
-        parent_q = -node.wl if node.n > 0 else 0.0
-        fpu = parent_q - (self.fpu_value_root if at_root else self.fpu_value) * math.sqrt(visited_policy)
+        cpuct, base, factor, fpu_value = self.constants[at_root]
+        puct = (cpuct + factor * math.log((node.n + base) / base)) * math.sqrt(max(node.n - 1, 1))
+        visited_policy = 0.0
         best_score = -math.inf
-        best = None
-        for move, child in node.children.items():
-            q = child.wl if child.n > 0 else fpu
-            score = q + puct * child.prior / (1 + child.n)
-            if score > best_score:
-                best_score = score
-                best = (move, child)
+        best = fresh = None
+        fresh_prior = -1.0
+        for edge in node.children.items():
+            child = edge[1]
+            if child.n:
+                visited_policy += child.prior
+                score = child.wl + puct * child.prior / (1 + child.n)
+                if score > best_score:
+                    best_score = score
+                    best = edge
+            elif child.prior > fresh_prior:
+                fresh_prior = child.prior
+                fresh = edge
+        if fresh is not None:
+            fpu = (-node.wl if node.n else 0.0) - fpu_value * math.sqrt(visited_policy)
+            if best is None or fpu + puct * fresh_prior > best_score:
+                return fresh
         return best
 
-    def evaluate(self, node: Node, board: chess.Board) -> tuple[float, float]:
+    def _is_repetition_draw(self, board: chess.Board) -> bool:
+        """Threefold with the game history, or twofold where the earlier position is in the tree."""
+        if not board.is_repetition(2):
+            return False
+        if board.is_repetition(3):
+            return True
+        if not self.two_fold_draws:
+            return False
+        here = board.epd()
+        popped = []
+        try:
+            while len(board.move_stack) > self.root_ply:
+                popped.append(board.pop())
+                if board.epd() == here:
+                    return True
+        finally:
+            while popped:
+                board.push(popped.pop())
+        return False
+
+    def expand(self, node: Node, board: chess.Board) -> tuple[float, float]:
         """Expand ``node`` (or find that the game is over); return (W-L, D) for the player who moved in."""
         moves = list(board.legal_moves)
         if not moves:
             node.terminal = 1.0 if board.is_check() else 0.0  # mate: the mover won
-        elif (
-            board.is_insufficient_material()
-            or board.halfmove_clock >= 100
-            or board.is_repetition(2)
-            and len(board.move_stack) > self.root_stack
-        ):
+        elif board.is_insufficient_material() or board.halfmove_clock >= 100 or self._is_repetition_draw(board):
             node.terminal = 0.0
         if node.terminal is not None:
             return node.terminal, 1.0 if node.terminal == 0.0 else 0.0
-        prior = 1.0 / len(moves)
-        node.children = {move: Node(prior) for move in moves}
-        # The null network: a draw for the side to move, so 0 for the mover as well.
-        return 0.0, 1.0
+        moves, logits, wl, d = self.evaluate(board, moves)
+        priors = tree_priors(logits, self.policy_temperature)
+        order = sorted(range(len(priors)), key=priors.__getitem__, reverse=True)  # stable: ties keep their order
+        node.children = {moves[i]: Node(priors[i]) for i in order}
+        return -wl, d
 
     def playout(self) -> None:
         board = self.board
@@ -114,7 +189,7 @@ class PythonPuct:
         if node.terminal is not None:
             wl, d = node.terminal, 1.0 if node.terminal == 0.0 else 0.0
         else:
-            wl, d = self.evaluate(node, board)
+            wl, d = self.expand(node, board)
         for visited in reversed(path):
             visited.n += 1
             visited.wl += (wl - visited.wl) / visited.n
@@ -137,8 +212,11 @@ class PythonPuct:
 
     # -- results ------------------------------------------------------------------
 
-    def best_move(self) -> str | None:
+    def visit_distribution(self) -> dict[str, int]:
+        """{uci: visits} over the root moves, as ``engine.tree.Tree.visit_distribution``."""
+        return {move.uci(): child.n for move, child in (self.root.children or {}).items()}
+
+    def best_move(self) -> Optional[str]:
         if not self.root.children:
             return None
-        move = max(self.root.children.items(), key=lambda item: item[1].n)[0]
-        return move.uci()
+        return max(self.root.children.items(), key=lambda edge: edge[1].n)[0].uci()
