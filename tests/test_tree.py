@@ -596,6 +596,98 @@ def test_noise_changes_the_root_priors():
     assert sum(noisy_priors.values()) == pytest.approx(1.0, abs=len(priors) * Q_EPS)
 
 
+# --------------------------------------------------------------------------- move choice with temperature
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # the tree's random numbers: splitmix64 (cython_src/tree.pyx, _rand)
+
+
+def _unxorshift(y: int, shift: int) -> int:
+    x = y
+    for _ in range(64 // shift + 1):
+        x = y ^ (x >> shift)
+    return x
+
+
+def seed_whose_first_draw_is(output: int) -> int:
+    """The seed after which the tree's generator returns ``output`` first (splitmix64 inverted)."""
+    z = _unxorshift(output, 31)
+    z = _unxorshift(z * pow(0x94D049BB133111EB, -1, 1 << 64) & MASK64, 27)
+    z = _unxorshift(z * pow(0xBF58476D1CE4E5B9, -1, 1 << 64) & MASK64, 30)
+    return (z - GOLDEN) & MASK64
+
+
+def first_draw(seed: int) -> int:
+    z = (seed + GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def test_seed_whose_first_draw_is_inverts_the_generator():
+    for output in (0, 1, MASK64, MASK64 ^ 0x7FF, 0x0123456789ABCDEF):
+        assert first_draw(seed_whose_first_draw_is(output)) == output
+
+
+def _chi_square_limit(df: int, z: float = 4.75) -> float:
+    """The chi-square quantile at P(exceed) ~ 1e-6 (z = 4.75), by Wilson and Hilferty."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _searched_start() -> Tree:
+    tree = search(Tree(Board(), seed=0), FakeNet(jitter=0.3), 400)
+    assert sum(1 for c in tree.root_children() if c["n"] > 0) > 10
+    return tree
+
+
+def test_choose_move_with_a_draw_of_one_takes_the_last_visited_move():
+    # The top draw (1.0, from 53 one bits) leaves no cumulative weight above it: the move is
+    # the last one with visits, by a valid index (this once read children[-1] with
+    # wraparound off: out of bounds).
+    tree = _searched_start()
+    visited = [c["move"] for c in tree.root_children() if c["n"] > 0]
+    for temperature in (1.0, 0.5, 3.0):
+        tree.seed(seed_whose_first_draw_is(MASK64 ^ 0x7FF))
+        assert tree.choose_move(temperature) == visited[-1]
+    # ... and the lowest draw takes the first.
+    tree.seed(seed_whose_first_draw_is(0))
+    assert tree.choose_move(1.0) == visited[0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_choose_move_follows_the_visit_distribution(temperature):
+    tree = _searched_start()
+    visits = {c["move"]: c["n"] for c in tree.root_children() if c["n"] > 0}
+    draws = 6000
+    counts = dict.fromkeys(visits, 0)
+    for seed in range(draws):  # fixed seeds: the test is deterministic
+        tree.seed(seed)
+        counts[tree.choose_move(temperature)] += 1
+    weights = {m: n ** (1 / temperature) for m, n in visits.items()}
+    total = sum(weights.values())
+    expected = {m: draws * w / total for m, w in weights.items()}
+    # Moves expected fewer than 5 times are pooled into one cell.
+    rare = [m for m in visits if expected[m] < 5]
+    cells = [(counts[m], expected[m]) for m in visits if m not in rare]
+    if rare:
+        cells.append((sum(counts[m] for m in rare), sum(expected[m] for m in rare)))
+    chi2 = sum((seen - e) ** 2 / e for seen, e in cells)
+    assert chi2 < _chi_square_limit(len(cells) - 1), (chi2, counts, expected)
+    # Every move that should come up does.
+    assert all(counts[m] > 0 for m in visits if expected[m] >= 20)
+
+
+def test_choose_move_at_a_tiny_temperature_takes_the_most_visited_move():
+    # n ** (1 / 0.001) overflows a float for n > 2; the weights are relative to the top.
+    tree = _searched_start()
+    children = tree.root_children()
+    assert children[0]["n"] > children[1]["n"] > 2
+    for seed in range(20):
+        tree.seed(seed)
+        assert tree.choose_move(0.001) == children[0]["move"]
+    assert tree.choose_move(0.0) == children[0]["move"]
+
+
 # --------------------------------------------------------------------------- cache
 
 
