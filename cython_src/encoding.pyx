@@ -35,7 +35,7 @@ ctypedef uint64_t u64
 
 cdef int16_t FROM_TO[64 * 64]        # from * 64 + to (side-to-move view) -> index, -1 when none
 cdef int16_t PROMO[8][3][3]          # from file, to file - from file + 1, (q, r, b) -> index
-cdef Move INDEX_MOVE[1858]           # index -> from | to << 6 | promo << 12, white's view
+cdef Move INDEX_MOVE[POLICY_MOVES]   # index -> from | to << 6 | promo << 12, white's view
 
 
 cdef list _build_policy_table():
@@ -75,6 +75,8 @@ def _square_name(int sq):
 
 
 POLICY_INDEX = _build_policy_table()
+# The contract's sizes for Python (engine.network, trainer, tools, tests import these):
+# input planes per position and policy entries. Defined once, in engine/encoding.pxd.
 PLANES = INPUT_PLANES
 POLICY_SIZE = POLICY_MOVES
 

@@ -3,10 +3,12 @@
 
 from engine.board cimport Pos, Undo, Move
 
+# The network contract's sizes, defined here once; Python reads them as
+# engine.encoding.PLANES and engine.encoding.POLICY_SIZE.
 cdef enum:
     INPUT_PLANES = 112
     POLICY_MOVES = 1858
-    PLANE_FLOATS = 112 * 64
+    PLANE_FLOATS = INPUT_PLANES * 64
 
 # Policy index of a legal move of ``p`` (side-to-move view, castling as king-takes-rook).
 cdef int move_index(const Pos* p, Move m) noexcept nogil

@@ -78,6 +78,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.encoding import PLANES, POLICY_SIZE
+
 __all__ = [
     "BACKENDS",
     "available_providers",
@@ -91,12 +93,12 @@ __all__ = [
     "NetworkError",
 ]
 
+# The contract's tensor names, defined here once (trainer.export writes them); its sizes
+# come from the encoder that fills the input and reads the policy.
 INPUT_NAME = "/input/planes"
 POLICY_NAME = "/output/policy"
 WDL_NAME = "/output/wdl"
 MLH_NAME = "/output/mlh"
-PLANES = 112
-POLICY_SIZE = 1858
 INPUT_SHAPE = (PLANES, 8, 8)  # after the batch dimension
 
 BACKENDS = ("auto", "cpu", "cuda", "tensorrt")
@@ -568,7 +570,7 @@ class Network:
         if len(inputs) != 1:
             names = ", ".join(repr(i.name) for i in inputs) or "none"
             raise NetworkError(
-                f"{where}: expected exactly one input {INPUT_NAME!r} [N,112,8,8], "
+                f"{where}: expected exactly one input {INPUT_NAME!r} [N,{PLANES},8,8], "
                 f"the network has {len(inputs)}: {names}"
             )
         inp = inputs[0]
@@ -588,7 +590,7 @@ class Network:
         )
         if not ok:
             raise NetworkError(
-                f"{where}: input {INPUT_NAME!r} has shape {_fmt_shape(shape)}, expected [N,112,8,8]"
+                f"{where}: input {INPUT_NAME!r} has shape {_fmt_shape(shape)}, expected [N,{PLANES},8,8]"
             )
         if _static(shape[0]) is not None:
             raise NetworkError(
@@ -739,7 +741,7 @@ class Network:
     def _as_planes(planes) -> np.ndarray:
         x = np.asarray(planes)
         if x.ndim != 4 or x.shape[1:] != INPUT_SHAPE:
-            raise ValueError(f"planes must have shape [N,112,8,8], got {list(x.shape)}")
+            raise ValueError(f"planes must have shape [N,{PLANES},8,8], got {list(x.shape)}")
         if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.aligned:
             if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
                 raise ValueError(f"planes must be float32 (or another real dtype), got {x.dtype}")

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch", reason=TRAIN_EXTRA)
 onnx = pytest.importorskip("onnx", reason=TRAIN_EXTRA)
 
 from trainer import atomic  # noqa: E402
+from engine.network import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME  # noqa: E402
 from trainer.export import (  # noqa: E402
-    INPUT_NAME, PARITY_BOUNDS, ExportParityError, ParityBounds, export_onnx, export_variants,
+    PARITY_BOUNDS, ExportParityError, ParityBounds, export_onnx, export_variants,
     sample_positions, torch_to_onnx,
 )
 from trainer.model import (  # noqa: E402
@@ -24,7 +25,7 @@ from trainer.model import (  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETS = os.path.join(REPO, "engine", "nets")
-OUTPUTS = ["/output/policy", "/output/wdl", "/output/mlh"]
+OUTPUTS = [POLICY_NAME, WDL_NAME, MLH_NAME]
 TINY = "2x16"
 
 

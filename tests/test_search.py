@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine.board import Board
+from engine.encoding import POLICY_SIZE
 from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Searcher, q_to_cp, wdl_permille
@@ -38,7 +39,7 @@ class FakeNetwork:
         if self.delay:
             time.sleep(self.delay)
         n = len(planes)
-        return (np.zeros((n, 1858), np.float32), np.tile(self.wdl, (n, 1)),
+        return (np.zeros((n, POLICY_SIZE), np.float32), np.tile(self.wdl, (n, 1)),
                 np.full(n, 40.0, np.float32))
 
 

@@ -27,12 +27,12 @@ import pytest
 
 from engine import encoding
 from engine.board import Board
+from engine.encoding import POLICY_SIZE
 from engine.params import SearchParams
 from engine.tree import Batch, NNCache, Tree
 
 from encoding_reference import PIECE_ORDER, reference_legal_softmax, reference_move_index
 
-POLICY_SIZE = 1858
 PIECE_VALUES = (1, 3, 3, 5, 9, 0)  # P N B R Q K, in PIECE_ORDER
 Q_EPS = 1.0 / 65535  # priors are stored as P x 65535
 

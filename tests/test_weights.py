@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.network import NetworkError
+from engine.network import POLICY_SIZE, NetworkError
 from engine.weights import (
     DEFAULT_WEIGHTS,
     NetworkBuilder,
@@ -73,7 +73,7 @@ def test_resolve_weights(tmp_path, monkeypatch):
 
 def test_verify_network():
     verify_network(FakeNet())
-    nan = np.zeros((1, 1858), np.float32)
+    nan = np.zeros((1, POLICY_SIZE), np.float32)
     nan[0, 5] = np.nan
     for bad, message in (
         (FakeNet(policy=nan), "not finite"),

@@ -52,13 +52,11 @@ import numpy as np
 import onnx
 import torch
 
+from engine.encoding import PLANES, POLICY_SIZE
+from engine.network import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from trainer.atomic import atomic_write_with_sha256
-from trainer.model import PLANES, POLICY_SIZE, InferenceNet, Net
+from trainer.model import InferenceNet, Net
 
-INPUT_NAME = "/input/planes"
-POLICY_NAME = "/output/policy"
-WDL_NAME = "/output/wdl"
-MLH_NAME = "/output/mlh"
 OPSET = 17
 VARIANTS = ("fp32", "fp16", "int8")
 #: file name suffix per variant: ``<stem>.onnx``, ``<stem>.fp16.onnx``, ``<stem>.int8.onnx``
@@ -225,8 +223,8 @@ def _set_metadata(model: onnx.ModelProto, net: Net, variant: str) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     model.producer_name = "cyzero"
-    model.doc_string = "cyzero network: /input/planes -> /output/policy (logits), /output/wdl (probabilities)" + (
-        ", /output/mlh (moves left)" if net.has_mlh else ""
+    model.doc_string = f"cyzero network: {INPUT_NAME} -> {POLICY_NAME} (logits), {WDL_NAME} (probabilities)" + (
+        f", {MLH_NAME} (moves left)" if net.has_mlh else ""
     )
 
 
@@ -578,7 +576,7 @@ def export_variants(
 
 
 __all__: Sequence[str] = [
-    "INPUT_NAME", "POLICY_NAME", "WDL_NAME", "MLH_NAME", "VARIANTS", "PARITY_BOUNDS", "ParityBounds",
+    "VARIANTS", "PARITY_BOUNDS", "ParityBounds",
     "ExportReport", "ExportParityError", "export_onnx", "export_variants", "torch_to_onnx",
     "to_fp16", "to_int8", "sample_positions", "variant_path",
 ]

@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PLANES = 112
-POLICY_SIZE = 1858
+from engine.encoding import PLANES, POLICY_SIZE
+from engine.network import MLH_NAME, POLICY_NAME, WDL_NAME
+
 RULE50_PLANE = 109
 RULE50_SCALE = 1.0 / 100.0
 
@@ -75,8 +76,9 @@ def policy_index_and_map() -> tuple[list[str], list[int]]:
     """The 1858 policy moves (UCI, from white's view, contract order) and, for each,
     its flat index ``plane * 64 + from_square`` in the conv policy head's output.
 
-    Pure Python, so that the model does not depend on the compiled encoder; the test
-    suite checks the list against ``engine.encoding.POLICY_INDEX``.
+    Built here from the move geometry rather than read from the compiled encoder, so
+    that the test suite's check against ``engine.encoding.POLICY_INDEX`` compares two
+    independent derivations.
     """
     moves: list[str] = []
     flat: list[int] = []
@@ -312,9 +314,9 @@ class InferenceNet(nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        names = ["/output/policy", "/output/wdl"]
+        names = [POLICY_NAME, WDL_NAME]
         if self.net.has_mlh:
-            names.append("/output/mlh")
+            names.append(MLH_NAME)
         return names
 
     def forward(self, planes: torch.Tensor):
@@ -363,6 +365,6 @@ def load_net(checkpoint: dict | str, config: NetConfig | None = None) -> Net:
 
 
 __all__: Sequence[str] = [
-    "PLANES", "POLICY_SIZE", "NetConfig", "NetOutput", "Net", "InferenceNet",
+    "NetConfig", "NetOutput", "Net", "InferenceNet",
     "build_net", "load_net", "save_checkpoint_dict", "policy_index_and_map",
 ]

@@ -1309,7 +1309,7 @@ def bench_search(args: argparse.Namespace) -> int:
     defaults: nodes against the raw capacity of its time."""
     import numpy as np
 
-    from engine.network import Network
+    from engine.network import POLICY_SIZE, Network
     from engine.params import SearchParams
     from engine.search import Searcher, default_pipeline
     from engine.timeman import TimeManager
@@ -1328,7 +1328,7 @@ def bench_search(args: argparse.Namespace) -> int:
                  for _, pipeline in SEARCH_MODES}
     uci_pipeline = default_pipeline(counted)   # what the UCI search picks here
     planes, _ = _nn_inputs(args.batch)
-    policy = np.empty((args.batch, 1858), np.float32)
+    policy = np.empty((args.batch, POLICY_SIZE), np.float32)
     wdl = np.empty((args.batch, 3), np.float32)
     mlh = np.empty((args.batch,), np.float32) if net.has_mlh else None
     if not args.json:
