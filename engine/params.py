@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-__all__ = ["Param", "SearchParams"]
+__all__ = ["Param", "SearchParams", "markdown_table"]
 
 Number = Union[int, float, bool]
 
@@ -158,3 +158,24 @@ class SearchParams:
 
 # dataclasses.fields() gives annotations as strings under `from __future__ import annotations`.
 _TYPES = {"float": float, "int": int, "bool": bool}
+
+
+def markdown_table() -> str:
+    """The table of search parameters as Markdown: README.md holds it between its
+    ``params-table`` markers, and tests/test_params.py keeps the two equal."""
+    lines = ["| UCI option | type | default | range | unit | meaning |",
+             "|---|---|---|---|---|---|"]
+    for row in SearchParams.table():
+        name = f"`{row.uci}`" if row.uci else f"`{row.name}` (not a UCI option)"
+        span = "true, false" if row.type is bool else f"{_shown(row.min)} .. {_shown(row.max)}"
+        meaning = row.meaning.replace("|", "\\|")
+        lines.append(f"| {name} | {row.type.__name__} | {_shown(row.default)} | {span} | {row.unit} | {meaning} |")
+    return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
