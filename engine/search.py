@@ -169,11 +169,13 @@ class MoveSearch:
 
     def update(self, now: float) -> bool:
         """After a backup: note the best move, decide whether to stop (``done``)."""
-        children = self._children()
-        best = children[0]["move"] if children and children[0]["n"] else None
-        if best != self._best:
-            self._best = best
-            self._best_since = now
+        children = None
+        if not self.budget.infinite:   # the time rules follow the best move (go infinite needs none)
+            children = self._children()
+            best = children[0]["move"] if children and children[0]["n"] else None
+            if best != self._best:
+                self._best = best
+                self._best_since = now
         self.done = self.should_stop(now, children)
         return self.done
 
@@ -186,14 +188,14 @@ class MoveSearch:
             return True
         if budget.depth is not None and tree.average_depth >= budget.depth:
             return True
-        if children is None:
-            children = self._children()
         if budget.mate is not None:
+            children = self._children() if children is None else children
             if children and children[0]["proven"] == 1 and (children[0]["m"] + 2) // 2 <= budget.mate:
                 return True
         soft, hard = budget.soft_ms, budget.hard_ms
         if soft is None or hard is None:      # no time limit
             return False
+        children = self._children() if children is None else children
         elapsed_ms = (now - self.start) * 1000.0
         if elapsed_ms >= hard:
             return True
