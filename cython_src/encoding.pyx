@@ -246,7 +246,7 @@ cdef int legal_priors(const Pos* p, const float* logits, float temperature,
 # ---------------------------------------------------------------------------
 # Python access, for tests, tools and the trainer.
 
-def encode_board(Board board, out=None):
+def encode_board(Board board not None, out=None):
     """The [112, 8, 8] float32 input for ``board`` and its move history."""
     if out is None:
         out = np.empty((INPUT_PLANES, 8, 8), dtype=np.float32)
@@ -290,14 +290,14 @@ cdef Move _legal_move(Board board, str uci) except 0:
     return board._parse_uci(uci)
 
 
-def move_to_index(Board board, uci):
+def move_to_index(Board board not None, uci):
     """Policy index of the legal move ``uci`` in ``board``'s position."""
     if not isinstance(uci, str):
         raise TypeError(f"move must be a str, not {type(uci).__name__}")
     return move_index(&board.pos, _legal_move(board, uci))
 
 
-def index_to_move(Board board, index):
+def index_to_move(Board board not None, index):
     """The legal move of ``board`` with policy index ``index``, in the board's UCI notation."""
     index = operator.index(index)
     if not 0 <= index < POLICY_MOVES:
@@ -311,7 +311,7 @@ def index_to_move(Board board, index):
                      f"is not a legal move in {board.fen()}")
 
 
-def legal_mask(Board board):
+def legal_mask(Board board not None):
     """Boolean [1858] mask of the legal moves' policy indices."""
     mask = np.zeros(POLICY_MOVES, dtype=bool)
     cdef Move moves[MAX_MOVES]
@@ -321,7 +321,7 @@ def legal_mask(Board board):
     return mask
 
 
-def legal_policy(Board board, logits, float temperature=1.0):
+def legal_policy(Board board not None, logits, float temperature=1.0):
     """Legal moves (UCI) and their softmax probabilities over ``logits`` [1858] at ``temperature``."""
     if temperature <= 0:
         raise ValueError(f"policy temperature must be > 0, got {temperature}")

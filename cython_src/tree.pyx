@@ -579,7 +579,7 @@ cdef class NNCache:
                 n += 1
         return n
 
-    def lookup(self, Board board):
+    def lookup(self, Board board not None):
         """``(wl, d, m, {uci: prior})`` cached for ``board``'s position, or None."""
         if self.capacity == 0:
             return None
@@ -669,7 +669,7 @@ cdef class Tree:
 
     # -- rooting -----------------------------------------------------------
 
-    def set_position(self, Board board):
+    def set_position(self, Board board not None):
         """Root the tree at ``board`` (with its history). Returns True when the old
         tree was reused because ``board`` extends the previous position."""
         self._check_no_pending()
@@ -815,7 +815,7 @@ cdef class Tree:
 
     # -- gathering -----------------------------------------------------------
 
-    def gather(self, Batch batch, int max_leaves=0, int max_visits=0):
+    def gather(self, Batch batch not None, int max_leaves=0, int max_visits=0):
         """Select leaves into ``batch`` until it holds ``max_leaves`` more network requests
         (default: until full), resolving terminal positions and cache hits on the spot.
         Stops early after ``max_visits`` visits (0: no limit) or too many collisions.

@@ -654,3 +654,16 @@ def test_move_to_index_errors():
     policy = list(encoding.POLICY_INDEX)
     got = {s: policy[encoding.move_to_index(promo, "a7a8" + s)] for s in "qrbn"}
     assert got == {"q": "a7a8q", "r": "a7a8r", "b": "a7a8b", "n": "a7a8"}
+
+
+@pytest.mark.parametrize("call", [
+    lambda: encoding.encode_board(None),
+    lambda: encoding.move_to_index(None, "e2e4"),
+    lambda: encoding.index_to_move(None, 0),
+    lambda: encoding.legal_mask(None),
+    lambda: encoding.legal_policy(None, np.zeros(encoding.POLICY_SIZE, np.float32)),
+])
+def test_no_board_is_a_type_error_not_a_crash(call):
+    """Cython lets a typed argument be None unless told otherwise; reading None.pos segfaulted."""
+    with pytest.raises(TypeError):
+        call()

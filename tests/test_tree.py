@@ -1051,3 +1051,13 @@ def test_configured_cpuct_changes_the_search():
         return max(c["n"] for c in tree.root_children())
 
     assert most_visits(0.3) > most_visits(SearchParams().cpuct) > most_visits(6.0)
+
+
+def test_missing_arguments_are_type_errors_not_crashes():
+    tree = Tree(Board())
+    with pytest.raises(TypeError):
+        tree.set_position(None)
+    with pytest.raises(TypeError):
+        tree.gather(None)
+    with pytest.raises(TypeError):
+        NNCache(16).lookup(None)
