@@ -72,7 +72,23 @@ _SUB_POLL_MS = 100
 # --------------------------------------------------------------------------- the WeightsFile
 
 
-class WeightsFileWatcher:
+class _Watcher:
+    """A proposer on its own daemon thread: stops with :meth:`close` or when the swap closes."""
+
+    _stop: threading.Event
+    _swap: "NetworkSwap"
+    thread: threading.Thread
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def _stopped(self) -> bool:
+        return self._stop.is_set() or self._swap.closed
+
+
+class WeightsFileWatcher(_Watcher):
     """Proposes ``path`` to ``swap`` again whenever it is replaced by a new network.
 
     ``baseline`` is the :meth:`signature` the network in use was loaded at (a
@@ -100,14 +116,6 @@ class WeightsFileWatcher:
     def signature(self) -> tuple:
         """The stat of the file and of its side file (``None`` for one that is missing)."""
         return signature_of(self.path)
-
-    def close(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout)
-
-    def _stopped(self) -> bool:
-        return self._stop.is_set() or self._swap.closed
 
     def _watch(self, baseline: tuple) -> None:
         seen = baseline  # the (file, side file) stat last dealt with
@@ -255,7 +263,7 @@ class RateLimit:
             return dropped
 
 
-class TrainerFollower:
+class TrainerFollower(_Watcher):
     """Follows a training daemon's announcements at ``endpoint`` and proposes each new generation.
 
     ``keys``: CurveZMQ client keys (:func:`engine.announce.load_client_keys`)
@@ -293,14 +301,6 @@ class TrainerFollower:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._subscribe, name="cyzero-weights-sub", daemon=True)
         self.thread.start()
-
-    def close(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout)
-
-    def _stopped(self) -> bool:
-        return self._stop.is_set() or self._swap.closed
 
     # ------------------------------------------------------------------ announcements
 
