@@ -109,7 +109,7 @@ def test_sha256_side_file_is_checked(weights):
 
 
 def test_wrong_io_network_is_refused(weights):
-    pytest.importorskip("onnx")
+    pytest.importorskip("onnx", reason="builds its test network with onnx: pip install 'cyzero[train]'")
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
