@@ -736,6 +736,14 @@ class Searcher:
             self.cache.clear()
         self.timeman.reset()
 
+    def network_unavailable(self, reason: Optional[str]) -> None:
+        """The caller found (``reason``) or cleared (None) a failure to load the network.
+
+        A search stopped before it asked for its network reports this failure
+        instead of inventing a move.
+        """
+        self._network_failure = None if reason is None else f"no network loaded: {reason}"
+
     def network_changed(self) -> None:
         """A new network was swapped in: old evaluations and speed measurements no longer apply."""
         self.wait()
@@ -982,11 +990,12 @@ class Searcher:
         if self._positioned != self._generation or move is None:
             # Stopped before the search thread set up the tree (e.g. an empty clock's watchdog):
             # the tree still holds the previous position.
-            return SearchResult(allowed[0], None, None)
+            return self._unsearched(allowed[0])
         has_info = bool(self.tree.playouts or self.tree.nodes)
         best = move.choose()
         if best is None:
             best = allowed[0]
+            self._say_unsearched(best)
             info = self.info(first=best) if has_info else None
             if info is not None and info.lines and info.lines[0].move != best:
                 info.lines = []      # the final info's pv must start with the move played
@@ -998,6 +1007,15 @@ class Searcher:
         q, d = self.tree.root_q
         return SearchResult(best, pv[1] if len(pv) > 1 else None, info, visits=self.tree.visit_distribution(),
                             q=q, d=d, nodes=self.tree.nodes)
+
+    def _say_unsearched(self, move: str) -> None:
+        """Stopped before anything was searched (an empty clock, quit right after go): a clock
+        needs a move, so one is played, but never silently."""
+        self.log(f"warning: stopped before the search began; {move} is not searched")
+
+    def _unsearched(self, move: str) -> SearchResult:
+        self._say_unsearched(move)
+        return SearchResult(move, None, None)
 
     def _snapshot_result(self) -> SearchResult:
         """The best move (and ponder move) of the last info report, without touching the tree."""
@@ -1011,7 +1029,7 @@ class Searcher:
         snapshot = self._snapshot
         if snapshot is not None and snapshot[0] in allowed:
             return SearchResult(snapshot[0], snapshot[1], None)
-        return SearchResult(allowed[0], None, None)
+        return self._unsearched(allowed[0])
 
     def _error(self, move: Optional[MoveSearch]) -> Optional[str]:
         """Why this search could not run, if it could not."""

@@ -355,6 +355,42 @@ def test_a_weights_file_that_is_not_there_gets_an_error_and_no_move(tmp_path):
         assert not infos(lines)
 
 
+def test_an_empty_clock_without_a_network_still_plays_no_move():
+    """isready found no network; a go whose clock is already gone (the watchdog stops it before the
+    search thread asks for the network) reports that failure, not an invented move."""
+    from uci.session import Session
+
+    def no_network(options, log):
+        raise RuntimeError("no network in this test")
+
+    out = _Lines()
+    session = Session(out, network_manager_factory=no_network)
+    try:
+        session.handle("isready")
+        assert any("no network in this test" in line for line in out.lines), out.lines
+        out.lines.clear()
+        session.handle("position startpos")
+        session.handle("go wtime 10 btime 10")
+        out.wait_bestmove()
+        session.searcher.wait(DEADLINE_S)
+        assert out.lines[-1] == "bestmove 0000", out.lines
+        assert "no network in this test" in out.lines[-2], out.lines
+    finally:
+        session.quit()
+
+
+def test_a_move_played_unsearched_is_never_silent():
+    """With a working network, a go stopped before anything was searched must still answer with a
+    legal move (a clock is running), and says that the move was not searched."""
+    with UciEngine() as eng:
+        eng.send("position startpos")
+        lines, best = eng.go("wtime 10 btime 10", DEADLINE_S)
+        move = best.split()[1]
+        assert move in [m.uci() for m in chess.Board().legal_moves], lines
+        if not infos(lines):      # nothing searched: then it must say so
+            assert any("not searched" in line for line in lines), lines
+
+
 def _chess960_boards(rng: random.Random, count: int) -> list[chess.Board]:
     boards = []
     for _ in range(count):

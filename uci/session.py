@@ -121,12 +121,15 @@ class Session:
             try:
                 self._apply_pending_options()
                 self._network()          # load now, so the first go does not pay for it
+                self.searcher.network_unavailable(None)
                 self._swap_network_if_ready()
             except NoNetworkError as exc:   # said again on every go, which answers bestmove 0000
+                self.searcher.network_unavailable(str(exc))
                 self.error(f"no network loaded: {exc}")
             except ValueError as exc:    # e.g. a TrainerEndpoint that cannot be used: say so, stay ready
                 self.error(str(exc))
             except Exception as exc:
+                self.searcher.network_unavailable(f"{type(exc).__name__}: {exc}")
                 self.error(f"cannot load the network: {type(exc).__name__}: {exc}")
         self.write("readyok")            # always: a GUI waits for it
 
@@ -287,6 +290,8 @@ class Session:
             self.searcher.new_game()
         if "uci_chess960" in names:
             self.board.chess960 = o["UCI_Chess960"]
+        if names & _NETWORK_OPTIONS:
+            self.searcher.network_unavailable(None)   # not known until the next load
         if names & _NETWORK_OPTIONS and self.manager is not None:
             self.manager.close()
             self.manager = None      # reloaded on the next isready or go
