@@ -1,0 +1,273 @@
+"""lc0 V6 training records: the byte layout by hand, agreement with the engine's encoder, refusals."""
+
+import gzip
+import math
+import os
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from engine.board import Board
+from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, legal_mask
+from trainer.records import (
+    RECORD_BYTES,
+    RECORD_DTYPE,
+    ChunkError,
+    Eval,
+    decode_record,
+    decode_records,
+    make_record,
+    read_chunk,
+    write_chunk,
+)
+
+START_LEGAL = [f"{f}2{f}{r}" for f in "abcdefgh" for r in "34"] + ["b1a3", "b1c3", "g1f3", "g1h3"]
+
+
+def _record(board, visits, played, **kw):
+    args = dict(result_q=0.5, result_d=0.25, plies_left=60.0, root=Eval(0.125, 0.5, 30.0))
+    args.update(kw)
+    return make_record(board, visits, played=played, **args)
+
+
+def test_dtype_is_lc0s_packed_8356_bytes():
+    assert RECORD_DTYPE.itemsize == RECORD_BYTES == 8356
+    offsets = {name: RECORD_DTYPE.fields[name][1] for name in RECORD_DTYPE.names}
+    # Offsets of lc0's packed struct, summed by hand from the field sizes.
+    assert offsets["probabilities"] == 8
+    assert offsets["planes"] == 8 + 4 * 1858 == 7440
+    assert offsets["castling_us_ooo"] == 7440 + 8 * 104 == 8272
+    assert offsets["side_to_move_or_enpassant"] == 8276
+    assert offsets["rule50_count"] == 8277
+    assert offsets["root_q"] == 8280
+    assert offsets["orig_m"] == 8280 + 14 * 4 == 8336
+    assert offsets["visits"] == 8340
+    assert offsets["played_idx"] == 8344 and offsets["best_idx"] == 8346
+    assert offsets["policy_kld"] == 8348 and offsets["reserved"] == 8352
+
+
+def test_start_position_golden_bytes():
+    board = Board()
+    record = _record(board, {"e2e4": 3, "d2d4": 1}, "e2e4", best="e2e4",
+                     best_eval=Eval(0.25, 0.5, 29.0), played_eval=Eval(0.25, 0.5, 29.0),
+                     orig=Eval(0.0, 0.75, 31.0), policy_kld=0.5)
+
+    probabilities = [-1.0] * 1858
+    assert len(START_LEGAL) == 20
+    for move in START_LEGAL:
+        probabilities[POLICY_INDEX.index(move)] = 0.0
+    probabilities[POLICY_INDEX.index("e2e4")] = 0.75
+    probabilities[POLICY_INDEX.index("d2d4")] = 0.25
+
+    planes = [0] * 104
+    # Our pieces (white), bitboards with a1 = bit 0, then each byte's bits reversed.
+    planes[0] = 0x000000000000FF00    # pawns on rank 2: 0xFF reversed is 0xFF
+    planes[1] = 0x42                  # knights b1 g1: 01000010 is its own reverse
+    planes[2] = 0x24                  # bishops c1 f1
+    planes[3] = 0x81                  # rooks a1 h1
+    planes[4] = 0x10                  # queen d1 = 0x08, reversed 00010000
+    planes[5] = 0x08                  # king e1 = 0x10, reversed 00001000
+    planes[6] = 0x00FF000000000000    # their pawns on rank 7
+    planes[7] = 0x4200000000000000
+    planes[8] = 0x2400000000000000
+    planes[9] = 0x8100000000000000
+    planes[10] = 0x1000000000000000   # their queen d8
+    planes[11] = 0x0800000000000000   # their king e8
+    # Planes 12 (repetition) and the 7 empty history slots stay 0.
+
+    expected = (
+        struct.pack("<II", 6, 1)
+        + struct.pack("<1858f", *probabilities)
+        + struct.pack("<104Q", *planes)
+        + struct.pack("<8B", 1, 1, 1, 1, 0, 0, 0, 0)
+        + struct.pack("<15f", 0.125, 0.25, 0.5, 0.5, 30.0, 29.0, 60.0, 0.5, 0.25,
+                      0.25, 0.5, 29.0, 0.0, 0.75, 31.0)
+        + struct.pack("<IHHfI", 4, POLICY_INDEX.index("e2e4"), POLICY_INDEX.index("e2e4"), 0.5, 0)
+    )
+    assert len(expected) == 8356
+    assert record.tobytes() == expected
+    # The king plane on disk: byte 0 is 0x08 (a1 is the top bit of the first byte).
+    assert expected[7440 + 5 * 8: 7440 + 6 * 8] == bytes([0x08, 0, 0, 0, 0, 0, 0, 0])
+
+
+def test_black_to_move_is_mirrored():
+    board = Board()
+    board.push_uci("e2e4")
+    board.push_uci("g8f6")
+    board.push_uci("g1f3")
+    data = _record(board, {"e7e5": 2, "b8c6": 2}, "e7e5", best="b8c6").tobytes()
+
+    def plane(i):
+        return struct.unpack_from("<Q", data, 7440 + 8 * i)[0]
+
+    # Black's view: rank 8 becomes rank 1. Our (black) pawns a7..h7 -> rank 2.
+    assert plane(0) == 0x000000000000FF00
+    # Our knights b8, f6 -> b1, f3; b1 = bit 1, f3 = bit 21 -> bytes 0x02, 0x20, reversed 0x40, 0x04.
+    assert plane(1) == 0x0000000000040040
+    # Our king e8 -> e1: byte 0 = 0x10 reversed = 0x08.
+    assert plane(5) == 0x08
+    # Their pawns: a2-d2, f2-h2 -> rank 7 byte 0xEF reversed 0xF7; e4 -> e5, bit 4 of byte 4, reversed 0x08.
+    assert plane(6) == 0x00F7000800000000
+    # Their knights b1, f3 -> b8, f6: byte 7 = 0x02 -> 0x40, byte 5 = 0x20 -> 0x04.
+    assert plane(7) == 0x4000040000000000
+    # History slot 1 is the position before g1f3 (still black's view): their knight back on g1 -> g8.
+    assert plane(13 + 7) == 0x4200000000000000
+    # Slot 3 is the start position, slot 4.. empty (a game from the start has no earlier history).
+    assert plane(3 * 13 + 0) == 0x000000000000FF00 and plane(4 * 13 + 0) == 0
+    assert data[8276] == 1                     # side to move: black
+    assert data[8277] == 2                     # rule-50 count
+    assert data[8272:8276] == bytes([1, 1, 1, 1])
+    # Moves are indexed from the side to move's view: black's e7e5 is e2e4's index.
+    played_idx, best_idx = struct.unpack_from("<HH", data, 8344)
+    assert played_idx == POLICY_INDEX.index("e2e4")
+    assert best_idx == POLICY_INDEX.index("b1c3")
+    probabilities = np.frombuffer(data, "<f4", 1858, 8)
+    assert probabilities[POLICY_INDEX.index("e2e4")] == 0.5
+    assert probabilities[POLICY_INDEX.index("e7e5")] == -1.0
+
+
+def _unpack_reference(bitboard):
+    """Square s (a1 = 0) of an lc0 plane: bit 7 - s % 8 of byte s // 8, written out slowly."""
+    out = np.zeros(64, dtype=np.float32)
+    for s in range(64):
+        out[s] = (bitboard >> (8 * (s // 8) + 7 - s % 8)) & 1
+    return out.reshape(8, 8)
+
+
+def _random_positions(count, seed=7):
+    rng = random.Random(seed)
+    fens = [None,
+            "r3k2r/p1ppqpb1/bn2pnp1/3PN3/1p2P3/2N2Q1p/PPPBBPPP/R3K2R w KQkq - 0 1",
+            "rnbqkbnr/ppp1pppp/8/3pP3/8/8/PPPP1PPP/RNBQKBNR w KQkq d6 0 3",
+            "8/8/4k3/8/2R5/8/4K3/8 b - - 37 80"]
+    positions = []
+    while len(positions) < count:
+        board = Board(rng.choice(fens))
+        for _ in range(rng.randrange(0, 70)):
+            moves = board.legal_moves()
+            if not moves or board.halfmove_clock >= 200:
+                break
+            board.push_uci(rng.choice(moves))
+        if board.legal_moves():
+            positions.append(board)
+    return positions
+
+
+def test_encoder_and_record_agree_on_random_games():
+    rng = random.Random(11)
+    boards = _random_positions(200)
+    records = []
+    for board in boards:
+        moves = board.legal_moves()
+        visits = {m: rng.randrange(0, 5) for m in rng.sample(moves, min(len(moves), 6))}
+        visits[moves[0]] = visits.get(moves[0], 0) + 1
+        records.append(_record(board, visits, rng.choice(moves)))
+    array = np.asarray(records, dtype=RECORD_DTYPE)
+    decoded = decode_records(array)
+    for i, board in enumerate(boards):
+        expected = encode_board(board)
+        for p in range(112):
+            np.testing.assert_array_equal(decoded.planes[i, p], expected[p], err_msg=f"{board.fen()} plane {p}")
+        for p in range(104):
+            np.testing.assert_array_equal(_unpack_reference(int(array[i]["planes"][p])), expected[p])
+        policy = decoded.policy[i]
+        np.testing.assert_array_equal(policy >= 0, legal_mask(board))
+        assert math.isclose(float(policy[policy > 0].sum()), 1.0, rel_tol=1e-5)
+
+
+def test_wdl_and_plies_left_targets():
+    board = Board()
+    win = decode_record(_record(board, {"e2e4": 1}, "e2e4", result_q=1.0, result_d=0.0, plies_left=7.0))
+    np.testing.assert_allclose(win.wdl, [1.0, 0.0, 0.0])
+    assert win.plies_left == 7.0
+    mixed = decode_record(_record(board, {"e2e4": 1}, "e2e4", result_q=-0.5, result_d=0.25).tobytes())
+    np.testing.assert_allclose(mixed.wdl, [0.125, 0.25, 0.625])
+    assert mixed.policy.shape == (POLICY_SIZE,) and mixed.planes.shape == (112, 8, 8)
+
+
+def test_writer_refuses_bad_input():
+    board = Board()
+    with pytest.raises(ValueError, match="e2e5"):
+        _record(board, {"e2e5": 1}, "e2e4")
+    with pytest.raises(ValueError, match="visits"):
+        _record(board, {}, "e2e4")
+    with pytest.raises(ValueError, match="played move"):
+        _record(board, {"e2e4": 1}, "e7e5")
+    with pytest.raises(ValueError, match="result"):
+        _record(board, {"e2e4": 1}, "e2e4", result_q=0.9, result_d=0.5)
+
+
+def _with(record, **fields):
+    array = np.array([record], dtype=RECORD_DTYPE)
+    for name, value in fields.items():
+        array[name][0] = value
+    return array
+
+
+def test_reader_refuses_other_versions_and_formats():
+    record = _record(Board(), {"e2e4": 1}, "e2e4")
+    with pytest.raises(ValueError, match="version 5"):
+        decode_records(_with(record, version=5))
+    with pytest.raises(ValueError, match="input format 3"):
+        decode_record(_with(record, input_format=3)[0].tobytes())
+    with pytest.raises(ValueError, match="8356 bytes"):
+        decode_record(record.tobytes()[:-4])
+
+
+def test_chunk_round_trip_is_atomic(tmp_path):
+    board = Board()
+    records = []
+    for move in ("e2e4", "e7e5", "g1f3"):
+        records.append(_record(board, {board.legal_moves()[0]: 1}, board.legal_moves()[0]))
+        board.push_uci(move)
+    path = tmp_path / "chunk.gz"
+    assert write_chunk(path, records) == 3
+    assert os.listdir(tmp_path) == ["chunk.gz"]
+    back = read_chunk(path)
+    assert back.dtype == RECORD_DTYPE and back.shape == (3,)
+    assert back.tobytes() == b"".join(r.tobytes() for r in records)
+    with gzip.open(path, "rb") as f:   # a plain gzip of records back to back, as lc0 reads them
+        assert len(f.read()) == 3 * 8356
+
+
+def test_chunk_errors_name_the_file(tmp_path):
+    record = _record(Board(), {"e2e4": 1}, "e2e4")
+    good = tmp_path / "good.gz"
+    write_chunk(good, [record, record])
+    data = good.read_bytes()
+
+    truncated = tmp_path / "truncated.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ChunkError, match="truncated.gz"):
+        read_chunk(truncated)
+
+    partial = tmp_path / "partial.gz"
+    partial.write_bytes(gzip.compress(record.tobytes() + record.tobytes()[:100]))
+    with pytest.raises(ChunkError, match="partial.gz.*whole number"):
+        read_chunk(partial)
+
+    garbage = tmp_path / "garbage.gz"
+    garbage.write_bytes(b"not a gzip file at all")
+    with pytest.raises(ChunkError, match="garbage.gz"):
+        read_chunk(garbage)
+
+    v5 = tmp_path / "v5.gz"
+    v5.write_bytes(gzip.compress(struct.pack("<II", 5, 1) + bytes(8300)))
+    with pytest.raises(ChunkError, match="v5.gz.*version 5"):
+        read_chunk(v5)
+
+    mixed = tmp_path / "mixed.gz"
+    mixed.write_bytes(gzip.compress(record.tobytes() + _with(record, input_format=3).tobytes()))
+    with pytest.raises(ChunkError, match="mixed.gz.*record 1.*input format 3"):
+        read_chunk(mixed)
+
+
+def test_write_chunk_refuses_and_leaves_no_file(tmp_path):
+    record = _record(Board(), {"e2e4": 1}, "e2e4")
+    with pytest.raises(ValueError, match="version 5"):
+        write_chunk(tmp_path / "bad.gz", _with(record, version=5))
+    with pytest.raises(ValueError, match="at least one record"):
+        write_chunk(tmp_path / "empty.gz", [])
+    assert os.listdir(tmp_path) == []
