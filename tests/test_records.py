@@ -177,6 +177,13 @@ def test_encoder_and_record_agree_on_random_games():
         assert math.isclose(float(policy[policy > 0].sum()), 1.0, rel_tol=1e-5)
 
 
+def test_invariance_info_flags():
+    board = Board()
+    assert _record(board, {"e2e4": 1}, "e2e4").tobytes()[8278] == 0
+    assert _record(board, {"e2e4": 1}, "e2e4", adjudicated=True).tobytes()[8278] == 0x20
+    assert _record(board, {"e2e4": 1}, "e2e4", max_length_exceeded=True).tobytes()[8278] == 0x10
+
+
 def test_wdl_and_plies_left_targets():
     board = Board()
     win = decode_record(_record(board, {"e2e4": 1}, "e2e4", result_q=1.0, result_d=0.0, plies_left=7.0))

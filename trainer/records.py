@@ -56,7 +56,6 @@ INPUT_PLANES = 112
 # invariance_info bits lc0 sets for input format 1 (the others belong to input format 3).
 ADJUDICATED_BIT = 1 << 5
 MAX_LENGTH_BIT = 1 << 4
-BEST_Q_PROVEN_BIT = 1 << 3
 
 _F = "<f4"
 RECORD_DTYPE = np.dtype(
