@@ -55,6 +55,7 @@ Registered so far:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -361,6 +362,14 @@ def _print_position(result: dict) -> None:
     print(flush=True)
 
 
+def _require_core(module: str) -> None:
+    """BenchError with the fix when the Cython core is not built."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise BenchError(f"the Cython core is not built ({e}); run `make build`") from None
+
+
 def _add_perft_arguments(parser: argparse.ArgumentParser) -> None:
     _json_and_seconds(parser, 1.0, "measurement (per position and engine)")
 
@@ -371,10 +380,7 @@ def _add_perft_arguments(parser: argparse.ArgumentParser) -> None:
     _add_perft_arguments,
 )
 def bench_perft(args: argparse.Namespace) -> int:
-    try:
-        import engine.board  # noqa: F401
-    except ImportError as e:
-        raise BenchError(f"the Cython core is not built ({e}); run `make build`") from None
+    _require_core("engine.board")
 
     started = time.perf_counter()
     positions = []
@@ -870,10 +876,7 @@ def run_tree_position(name: str, fen: str, seconds: float, batch_size: int) -> d
     _add_tree_arguments,
 )
 def bench_tree(args: argparse.Namespace) -> int:
-    try:
-        import engine.tree  # noqa: F401
-    except ImportError as e:
-        raise BenchError(f"the Cython core is not built ({e}); run `make build`") from None
+    _require_core("engine.tree")
     if args.batch < 1:
         raise BenchError(f"--batch must be 1 or more, got {args.batch}")
 
