@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, legal_mask
+from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, legal_mask, move_to_index
 from trainer.records import (
     RECORD_BYTES,
     RECORD_DTYPE,
@@ -278,3 +278,15 @@ def test_write_chunk_refuses_and_leaves_no_file(tmp_path):
     with pytest.raises(ValueError, match="at least one record"):
         write_chunk(tmp_path / "empty.gz", [])
     assert os.listdir(tmp_path) == []
+
+
+def test_policy_weights_need_not_be_counts():
+    """A teacher's softmaxed MultiPV scores are weights, not visits: the target is their share."""
+    board = Board()
+    record = _record(board, {"e2e4": 0.6, "d2d4": 0.3, "g1f3": 0.1}, "e2e4", nodes=12345)
+    sample = decode_record(record)
+    policy = sample.policy
+    assert policy[move_to_index(board, "e2e4")] == pytest.approx(0.6)
+    assert policy[move_to_index(board, "g1f3")] == pytest.approx(0.1)
+    assert (policy >= 0).sum() == 20 and policy[policy >= 0].sum() == pytest.approx(1.0)
+    assert int(record["visits"]) == 12345

@@ -134,7 +134,7 @@ def _check_result(q: float, d: float, what: str) -> None:
 
 def make_record(
     board: Board,
-    visits: Mapping[str, int],
+    visits: Mapping[str, float],
     *,
     result_q: float,
     result_d: float,
@@ -148,11 +148,14 @@ def make_record(
     policy_kld: float = 0.0,
     adjudicated: bool = False,
     max_length_exceeded: bool = False,
+    nodes: int | None = None,
 ) -> np.void:
     """One V6 record for ``board`` (with its move history) after a search.
 
-    ``visits`` maps legal UCI moves to their visit counts (moves left out count 0);
-    the policy target is their share.  ``result_q``/``result_d`` are the game's
+    ``visits`` maps legal UCI moves to their visit counts (moves left out count 0),
+    or to any non-negative weights (a teacher's softmaxed MultiPV scores); the
+    policy target is their share.  ``nodes`` is the record's visit count field
+    (default: the sum of ``visits``, rounded).  ``result_q``/``result_d`` are the game's
     outcome from the side to move's view.  ``best`` defaults to the most visited
     move; ``best_eval`` and ``played_eval`` default to ``root``.
     """
@@ -168,7 +171,7 @@ def make_record(
             raise ValueError(f"visits name {move!r}, not a legal move in {board.fen()}")
         if n < 0:
             raise ValueError(f"visits of {move} must be >= 0, got {n}")
-        counts[move_to_index(board, move)] = int(n)
+        counts[move_to_index(board, move)] = float(n)
     total = sum(counts.values())
     if total <= 0:
         raise ValueError("a training record needs at least one visit")
@@ -208,7 +211,7 @@ def make_record(
     record["plies_left"] = plies_left
     record["result_q"] = result_q
     record["result_d"] = result_d
-    record["visits"] = total
+    record["visits"] = int(round(total)) if nodes is None else int(nodes)
     record["played_idx"] = move_to_index(board, played)
     record["best_idx"] = move_to_index(board, best)
     record["policy_kld"] = policy_kld
