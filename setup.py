@@ -128,7 +128,7 @@ setup(
     extras_require={
         # torch itself: install the pin you want first (see the Makefile's TORCH);
         # onnxscript is imported by torch.onnx.export's default (dynamo) exporter.
-        "train": ["torch", "onnx", "onnxscript", "tqdm", "matplotlib"],
+        "train": ["torch", "onnx", "onnxscript", "tqdm", "matplotlib", "tensorboard"],
         # mypy >= 1.18 understands @disjoint_base, which the engine/*.pyi stubs use (tests/test_stubs.py).
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "mypy>=1.18"],
     },
