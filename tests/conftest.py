@@ -14,3 +14,32 @@ for _path in (_REPO_ROOT, _TESTS_DIR):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU (torch.cuda); skipped with the reason shown where there is none"
+    )
+
+
+def _cuda_missing_reason():
+    """Why the gpu tests cannot run here, or None when a CUDA device is usable."""
+    try:
+        import torch
+    except ImportError:
+        return "gpu test: torch is not installed"
+    if not torch.cuda.is_available():
+        return f"gpu test: no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return  # torch is imported only when a gpu test was collected
+    reason = _cuda_missing_reason()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
