@@ -1,0 +1,311 @@
+"""The training config: nested frozen dataclasses read from TOML, every key documented.
+
+A run's config lives in ``RUN/config.toml`` (``learn`` writes it on the first start).
+A file names only the keys it changes; everything else keeps the default documented
+here, in the field's ``doc`` metadata (which :func:`markdown_table` renders for the
+docs and :func:`to_toml` writes as comments). An unknown section or key, a value of
+the wrong type or outside its range is a :class:`ValueError` naming the key, so a typo
+never trains silently with a default.
+
+Sections: ``[model]`` (the network's shape), ``[optimizer]``, ``[loss]``,
+``[train]`` (batch, checkpoints, precision, weight averaging), ``[replay]`` (the
+sampling window and the loader) and ``[log]``. No torch here: the CLI and the status
+report read configs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tomllib
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+__all__: Sequence[str] = [
+    "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
+    "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
+    "markdown_table", "model_differences",
+]
+
+
+def _f(default, doc: str, *, choices: tuple | None = None, min: float | None = None,
+       max: float | None = None, above: float | None = None):
+    """A config field: its default, a one-line meaning, and the values it may take."""
+    meta = {"doc": doc, "choices": choices, "min": min, "max": max, "above": above}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The network's shape (:class:`trainer.model.NetConfig`); fixed for the life of a run."""
+
+    net: str = _f("6x64", "residual blocks x filters, e.g. 6x64, 10x128, 20x256")
+    se_ratio: int = _f(4, "squeeze-excitation reduction: SE hidden width = filters / se_ratio", min=1)
+    policy_head: str = _f("conv", "policy head: conv (lc0's 73-plane conv head) or fc (1x1 conv + linear)",
+                          choices=("conv", "fc"))
+    moves_left: bool = _f(True, "train and export the moves-left head (/output/mlh)")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimiser and learning-rate schedule (the rate is per global batch)."""
+
+    kind: str = _f("sgd", "sgd (with momentum, Nesterov by default) or adamw", choices=("sgd", "adamw"))
+    lr: float = _f(0.1, "peak learning rate, reached after the warm-up", above=0.0)
+    momentum: float = _f(0.9, "SGD momentum; AdamW's beta1", min=0.0, max=0.999999)
+    nesterov: bool = _f(True, "SGD: Nesterov momentum (as lc0)")
+    beta2: float = _f(0.999, "AdamW's beta2", min=0.0, max=0.999999)
+    weight_decay: float = _f(1e-4, "L2 on conv and linear weights (not batch norm, not biases); "
+                             "AdamW applies it decoupled, scaled by the rate", min=0.0)
+    warmup_steps: int = _f(250, "steps of linear warm-up from 0 to lr", min=0)
+    schedule: str = _f("cosine", "after the warm-up: cosine (lr -> min_lr over decay_steps), "
+                       "step (x gamma at each milestone) or constant", choices=("cosine", "step", "constant"))
+    decay_steps: int = _f(100_000, "cosine: steps (counted from the end of the warm-up) to reach min_lr; "
+                          "min_lr after that", min=1)
+    min_lr: float = _f(0.001, "cosine: the rate at and after decay_steps", min=0.0)
+    milestones: list[int] = _f([100_000, 300_000, 500_000], "step: the steps at which the rate is "
+                               "multiplied by gamma (AlphaZero's drops)")
+    gamma: float = _f(0.1, "step: factor at each milestone", above=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Loss heads as lc0 trains them (the L2 term is the optimiser's weight decay)."""
+
+    policy: float = _f(1.0, "weight of the policy cross-entropy (target over legal moves only)", min=0.0)
+    value: float = _f(1.0, "weight of the WDL cross-entropy against the game result", min=0.0)
+    moves_left: float = _f(1.0, "weight of the moves-left Huber loss (0 to ignore the head)", min=0.0)
+    moves_left_scale: float = _f(20.0, "plies per unit in the moves-left loss: prediction and target "
+                                 "are divided by it (lc0: 20)", above=0.0)
+    huber_delta: float = _f(10.0, "moves-left Huber delta in plies, quadratic within it (lc0: 10)", above=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """The training loop: batch, checkpoints, precision, weight averaging, the process group."""
+
+    batch_size: int = _f(1024, "positions per step, over all ranks together (a multiple of the rank count)",
+                         min=1)
+    checkpoint_every: int = _f(1000, "steps between checkpoints; each one also exports an ONNX generation",
+                               min=1)
+    keep_checkpoints: int = _f(5, "newest checkpoints kept; older ones are deleted", min=1)
+    clip_grad_norm: float = _f(10.0, "clip the global gradient norm to this (0: no clipping)", min=0.0)
+    seed: int = _f(0, "network init and sampling seed", min=0)
+    amp: str = _f("bf16", "mixed precision on CUDA: bf16, fp16 (with a gradient scaler) or off; "
+                  "the CPU always trains in float32", choices=("bf16", "fp16", "off"))
+    average: str = _f("ema", "weight averaging: ema, swa (lc0's running average) or none; the export "
+                      "uses the averaged weights when they have the lower validation loss",
+                      choices=("ema", "swa", "none"))
+    ema_decay: float = _f(0.999, "ema: decay per step (warmed up as min(decay, (1+n)/(10+n)))",
+                          min=0.0, max=0.999999)
+    swa_every: int = _f(100, "swa: steps between the snapshots averaged", min=1)
+    swa_max_n: int = _f(10, "swa: a new snapshot weighs at least 1/swa_max_n (lc0's swa_max_n)", min=1)
+    dist_timeout_s: float = _f(120.0, "process-group timeout: a rank that waits longer on a dead peer "
+                               "fails instead of hanging", above=0.0)
+    starved_poll_s: float = _f(5.0, "with --follow: seconds between looks for new data when the "
+                               "sampling cap is reached", above=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """The sampling window (``trainer.replay.WindowConfig``) and the data loader."""
+
+    floor: int = _f(250_000, "window floor m: all positions while there are at most m (KataGo: 250k)",
+                    min=1)
+    alpha: float = _f(0.65, "window growth exponent (KataGo's alpha)", above=0.0, max=1.0)
+    beta: float = _f(0.4, "window growth factor (KataGo's beta)", min=0.0)
+    max_samples_per_position: float = _f(8.0, "cap on the average times each position in the window is "
+                                         "sampled before new data must arrive", above=0.0)
+    val_percent: float = _f(5.0, "share of chunks (by name hash) held out for validation", min=0.0, max=100.0)
+    workers: int = _f(2, "loader worker processes per rank", min=0)
+    prefetch: int = _f(4, "batches each rank's loader keeps ready", min=1)
+    validation_positions: int = _f(1024, "held-out positions evaluated at every log interval and checkpoint "
+                                   "(0: none)", min=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """What is logged and how often."""
+
+    interval: int = _f(100, "steps between lines in metrics.jsonl, TensorBoard scalars and validation",
+                       min=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The whole training config; sections as in the TOML file."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    train: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: dict[str, Any]) -> "TrainConfig":
+        """A copy with some keys changed: ``config.replace(train={"batch_size": 64})`` (checked)."""
+        data = self.to_dict()
+        for section, values in sections.items():
+            if section not in data:
+                raise ValueError(f"unknown config section [{section}]")
+            data[section].update(values)
+        return from_dict(data)
+
+
+_SECTION_TYPES = typing.get_type_hints(TrainConfig)
+
+
+def _check_value(key: str, field: dataclasses.Field, kind, value):
+    """``value`` converted to the field's type, or ValueError naming ``key``."""
+    meta = field.metadata
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"config key {key} must be true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"config key {key} must be an integer, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"config key {key} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"config key {key} must be finite, got {value!r}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"config key {key} must be a string, got {value!r}")
+    elif typing.get_origin(kind) is list:
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ValueError(f"config key {key} must be a list of integers, got {value!r}")
+        if any(v < 1 for v in value) or value != sorted(set(value)):
+            raise ValueError(f"config key {key} must list increasing steps >= 1, got {value!r}")
+        return list(value)
+    else:  # pragma: no cover - a field type this module does not handle
+        raise TypeError(f"config key {key} has unsupported type {kind!r}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ValueError(f"config key {key} must be one of {', '.join(map(str, meta['choices']))}, got {value!r}")
+    if meta.get("min") is not None and value < meta["min"]:
+        raise ValueError(f"config key {key} must be >= {meta['min']}, got {value!r}")
+    if meta.get("max") is not None and value > meta["max"]:
+        raise ValueError(f"config key {key} must be <= {meta['max']}, got {value!r}")
+    if meta.get("above") is not None and value <= meta["above"]:
+        raise ValueError(f"config key {key} must be > {meta['above']}, got {value!r}")
+    return value
+
+
+def _model_name_ok(name: str) -> bool:
+    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", name, re.IGNORECASE)
+    return bool(match) and int(match.group(1)) >= 1 and int(match.group(2)) >= 1
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` from nested dicts (missing keys take their defaults); ValueError naming
+    the first unknown or bad key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a config is a table of sections, got {type(data).__name__}")
+    sections = {}
+    for name, values in data.items():
+        if name not in _SECTION_TYPES:
+            raise ValueError(f"unknown config section [{name}]; known: {', '.join(_SECTION_TYPES)}")
+        if not isinstance(values, dict):
+            raise ValueError(f"config [{name}] must be a table of keys, got {values!r}")
+        cls = _SECTION_TYPES[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
+        checked = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ValueError(f"unknown config key {name}.{key}; [{name}] has: {', '.join(fields)}")
+            checked[key] = _check_value(f"{name}.{key}", fields[key], hints[key], value)
+        sections[name] = cls(**checked)
+    config = TrainConfig(**sections)
+    if not _model_name_ok(config.model.net):
+        raise ValueError(f"config key model.net must be BLOCKSxFILTERS such as 6x64, got {config.model.net!r}")
+    return config
+
+
+def default_config() -> TrainConfig:
+    """Every key at its documented default."""
+    return TrainConfig()
+
+
+def loads_config(text: str, source: str = "<string>") -> TrainConfig:
+    """A config from TOML text; ValueError naming ``source`` and the bad line or key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        return from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | os.PathLike) -> TrainConfig:
+    """Read a TOML config file (see the module doc); ValueError for a bad file, naming it."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"config {path} is not UTF-8 text") from None
+    return loads_config(text, path)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)  # finite (checked); repr round-trips and is valid TOML (1e-05, 0.1)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: the same escapes for these characters
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(config: TrainConfig) -> str:
+    """The whole config as TOML, each key with its meaning as a comment; ``loads_config`` reads it back."""
+    lines = ["# cyzero training config (trainer/config.py documents every key)."]
+    for section in dataclasses.fields(TrainConfig):
+        part = getattr(config, section.name)
+        lines += ["", f"[{section.name}]"]
+        for field in dataclasses.fields(part):
+            lines.append(f"# {field.metadata['doc']}")
+            lines.append(f"{field.name} = {_toml_value(getattr(part, field.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """Every key with its default and meaning, as a markdown table (for the docs)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    defaults = default_config()
+    for section in dataclasses.fields(TrainConfig):
+        part = getattr(defaults, section.name)
+        for field in dataclasses.fields(part):
+            value = _toml_value(getattr(part, field.name))
+            rows.append(f"| `{section.name}.{field.name}` | `{value}` | {field.metadata['doc']} |")
+    return "\n".join(rows) + "\n"
+
+
+def model_differences(a: TrainConfig | dict, b: TrainConfig | dict) -> list[str]:
+    """The ``[model]`` keys whose values differ (a run's network shape cannot change)."""
+    ma = a.to_dict()["model"] if isinstance(a, TrainConfig) else a["model"]
+    mb = b.to_dict()["model"] if isinstance(b, TrainConfig) else b["model"]
+    keys = list(dict.fromkeys([*ma, *mb]))
+    return [f"model.{k}" for k in keys if ma.get(k) != mb.get(k)]
