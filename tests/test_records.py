@@ -20,6 +20,7 @@ from trainer.records import (
     decode_records,
     make_record,
     read_chunk,
+    to_classical,
     write_chunk,
 )
 
@@ -290,3 +291,41 @@ def test_policy_weights_need_not_be_counts():
     assert policy[move_to_index(board, "g1f3")] == pytest.approx(0.1)
     assert (policy >= 0).sum() == 20 and policy[policy >= 0].sum() == pytest.approx(1.0)
     assert int(record["visits"]) == 12345
+
+
+def test_lc0_input_format_2_converts_to_format_1(tmp_path):
+    """Format 2 (INPUT_112_WITH_CASTLING_PLANE) writes 1 << rook file in the castling bytes; the rest is format 1."""
+    board = Board()
+    for move in ("e2e4", "e7e5", "g1f3", "b8c6", "f1c4", "g8f6", "e1g1"):   # white has castled
+        board.push_uci(move)
+    classical = _record(board, {"d7d6": 1}, "d7d6")
+    # Black to move: "us" is black (a8 rook: file 0, h8 rook: file 7), "them" is white, which castled.
+    lc0 = _with(classical, input_format=2, castling_us_ooo=1 << 0, castling_us_oo=1 << 7,
+                castling_them_ooo=0, castling_them_oo=0)
+    assert [int(classical[f]) for f in ("castling_us_ooo", "castling_us_oo", "castling_them_ooo",
+                                         "castling_them_oo", "side_to_move_or_enpassant")] == [1, 1, 0, 0, 1]
+    converted = to_classical(lc0)
+    assert converted.tobytes() == np.array([classical], dtype=RECORD_DTYPE).tobytes()
+    assert lc0["input_format"][0] == 2   # the input is left alone
+    ours, theirs = decode_record(classical), decode_records(lc0)
+    assert np.array_equal(theirs.planes[0], ours.planes) and np.array_equal(theirs.policy[0], ours.policy)
+    assert np.array_equal(ours.planes, encode_board(board))
+
+    path = tmp_path / "lc0.gz"
+    path.write_bytes(gzip.compress(lc0.tobytes() + np.array([classical]).tobytes()))
+    back = read_chunk(path)
+    assert back.tobytes() == np.array([classical, classical], dtype=RECORD_DTYPE).tobytes()
+
+
+def test_lc0_canonical_formats_are_refused_by_name(tmp_path):
+    record = _record(Board(), {"e2e4": 1}, "e2e4")
+    for fmt, name in ((3, "INPUT_112_WITH_CANONICALIZATION"), (5, "INPUT_112_WITH_CANONICALIZATION_V2"),
+                      (132, "INPUT_112_WITH_CANONICALIZATION_HECTOPLIES_ARMAGEDDON")):
+        with pytest.raises(ValueError, match=f"input format {fmt} \\({name}\\).*cannot be converted"):
+            to_classical(_with(record, input_format=fmt))
+    path = tmp_path / "canonical.gz"
+    path.write_bytes(gzip.compress(_with(record, input_format=4).tobytes()))
+    with pytest.raises(ChunkError, match="canonical.gz.*input format 4 .*HECTOPLIES"):
+        read_chunk(path)
+    with pytest.raises(ValueError, match="version 7"):
+        to_classical(_with(record, version=7))

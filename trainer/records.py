@@ -1,8 +1,9 @@
 """lc0's V6 training record: write one from a searched position, read it back as network targets.
 
 The layout is lc0's ``V6TrainingData`` (8,356 bytes, packed, little-endian), so
-lc0's tools read our data and we read theirs.  Only input format 1 (lc0's
-classical 112 planes, the one :mod:`engine.encoding` produces) is converted;
+lc0's tools read our data and we read theirs.  We write input format 1 (lc0's
+classical 112 planes, the one :mod:`engine.encoding` produces).  The readers
+also accept lc0's input format 2, converted to format 1 (:func:`to_classical`);
 other versions and input formats are refused with a message naming them.
 
 Planes 0..103 (8 history slots x 13) are stored as uint64 bitboards with the
@@ -36,12 +37,15 @@ __all__ = [
     "RECORD_BYTES",
     "RECORD_VERSION",
     "INPUT_FORMAT_CLASSICAL",
+    "INPUT_FORMAT_CASTLING_PLANE",
+    "INPUT_FORMAT_NAMES",
     "HISTORY_PLANES",
     "ChunkError",
     "Eval",
     "Sample",
     "make_record",
     "check_records",
+    "to_classical",
     "decode_record",
     "decode_records",
     "write_chunk",
@@ -50,6 +54,18 @@ __all__ = [
 
 RECORD_VERSION = 6
 INPUT_FORMAT_CLASSICAL = 1
+INPUT_FORMAT_CASTLING_PLANE = 2
+# lc0's pblczero::NetworkFormat::InputFormat values, for messages that name a format.
+INPUT_FORMAT_NAMES = {
+    1: "INPUT_CLASSICAL_112_PLANE",
+    2: "INPUT_112_WITH_CASTLING_PLANE",
+    3: "INPUT_112_WITH_CANONICALIZATION",
+    4: "INPUT_112_WITH_CANONICALIZATION_HECTOPLIES",
+    5: "INPUT_112_WITH_CANONICALIZATION_V2",
+    132: "INPUT_112_WITH_CANONICALIZATION_HECTOPLIES_ARMAGEDDON",
+    133: "INPUT_112_WITH_CANONICALIZATION_V2_ARMAGEDDON",
+}
+_CASTLING_FIELDS = ("castling_us_ooo", "castling_us_oo", "castling_them_ooo", "castling_them_oo")
 HISTORY_PLANES = 104
 INPUT_PLANES = 112
 
@@ -246,12 +262,55 @@ def check_records(records: np.ndarray) -> None:
         )
 
 
+def to_classical(records: np.ndarray) -> np.ndarray:
+    """``records`` in input format 1: the array itself when it is, a converted copy of format-2 records.
+
+    lc0's input format 2 (``INPUT_112_WITH_CASTLING_PLANE``) differs from format 1
+    in the record only in its four castling bytes: lc0 writes ``1 << rook file``
+    (1 for the a-file rook, 128 for the h-file one) where format 1 writes 1.  The
+    history planes, side to move, rule-50 count and policy are the same, so any
+    nonzero castling byte becomes 1 (a Chess960 rook's file is lost: format 1
+    cannot express it).  Formats 3 and up canonicalise the board (flip, mirror,
+    transpose) and store the en passant file in place of the side to move: they
+    cannot be converted, and ``ValueError`` names the format.
+    """
+    versions = records["version"]
+    formats = records["input_format"]
+    bad = np.flatnonzero(versions != RECORD_VERSION)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"record {i} is training data version {int(versions.flat[i])} with input format "
+            f"{int(formats.flat[i])}; only version {RECORD_VERSION} can be read"
+        )
+    classical = formats == INPUT_FORMAT_CLASSICAL
+    if classical.all():
+        return records
+    bad = np.flatnonzero(~classical & (formats != INPUT_FORMAT_CASTLING_PLANE))
+    if bad.size:
+        i = int(bad[0])
+        fmt = int(formats.flat[i])
+        raise ValueError(
+            f"record {i} has input format {fmt} ({INPUT_FORMAT_NAMES.get(fmt, 'unknown to lc0')}), "
+            "which cannot be converted to input format 1: canonicalised boards with the en passant "
+            "file in place of the side to move; only input formats 1 and 2 can be read"
+        )
+    converted = records.copy()
+    for field in _CASTLING_FIELDS:
+        converted[field] = converted[field] != 0
+    converted["input_format"] = INPUT_FORMAT_CLASSICAL
+    return converted
+
+
 def decode_records(records: np.ndarray) -> Sample:
-    """Network inputs and targets of N records (a RECORD_DTYPE array), each with a leading N axis."""
+    """Network inputs and targets of N records (a RECORD_DTYPE array), each with a leading N axis.
+
+    Records of lc0's input format 2 are converted (:func:`to_classical`).
+    """
     records = np.atleast_1d(np.asarray(records))
     if records.dtype != RECORD_DTYPE:
         raise TypeError(f"expected records of RECORD_DTYPE, got dtype {records.dtype}")
-    check_records(records)
+    records = to_classical(records)
     n = records.shape[0]
     planes = np.zeros((n, INPUT_PLANES, 8, 8), dtype=np.float32)
     planes[:, :HISTORY_PLANES] = _unpack_planes(records["planes"])
@@ -303,10 +362,11 @@ def write_chunk(path: str | os.PathLike, records: Iterable[np.void] | np.ndarray
 
 
 def read_chunk(path: str | os.PathLike) -> np.ndarray:
-    """The records of a gzip chunk, as a RECORD_DTYPE array.
+    """The records of a gzip chunk, as a RECORD_DTYPE array in input format 1.
 
-    Raises :class:`ChunkError` naming the file when it is not gzip, is truncated,
-    holds a partial record, no record, or records of another version or input format.
+    Records of lc0's input format 2 are converted (:func:`to_classical`).  Raises
+    :class:`ChunkError` naming the file when it is not gzip, is truncated, holds a
+    partial record, no record, or records of another version or input format.
     """
     name = os.fspath(path)
     try:
@@ -315,12 +375,11 @@ def read_chunk(path: str | os.PathLike) -> np.ndarray:
     except (OSError, EOFError, zlib.error) as exc:
         raise ChunkError(f"chunk {name} cannot be read: {exc}") from exc
     if len(data) >= 8:
-        head = np.frombuffer(data[:8], dtype="<u4")
-        if head[0] != RECORD_VERSION or head[1] != INPUT_FORMAT_CLASSICAL:
+        version, fmt = (int(v) for v in np.frombuffer(data[:8], dtype="<u4"))
+        if version != RECORD_VERSION:   # another version has another record size: say so first
             raise ChunkError(
-                f"chunk {name} holds training data version {int(head[0])} with input format "
-                f"{int(head[1])}; only version {RECORD_VERSION} with input format "
-                f"{INPUT_FORMAT_CLASSICAL} can be read"
+                f"chunk {name} holds training data version {version} with input format {fmt}; "
+                f"only version {RECORD_VERSION} can be read"
             )
     if not data or len(data) % RECORD_BYTES:
         raise ChunkError(
@@ -329,7 +388,7 @@ def read_chunk(path: str | os.PathLike) -> np.ndarray:
         )
     records = np.frombuffer(data, dtype=RECORD_DTYPE)
     try:
-        check_records(records)
+        records = to_classical(records)
     except ValueError as exc:
         raise ChunkError(f"chunk {name}: {exc}") from exc
     return records
