@@ -28,8 +28,11 @@ from typing import Any
 __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
-    "markdown_table", "model_differences",
+    "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config",
 ]
+
+#: the run's config, in the run directory (``learn`` writes it on the first start)
+CONFIG_FILE = "config.toml"
 
 
 def _f(default, doc: str, *, choices: tuple | None = None, min: float | None = None,
@@ -263,6 +266,12 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
     except UnicodeDecodeError:
         raise ValueError(f"config {path} is not UTF-8 text") from None
     return loads_config(text, path)
+
+
+def load_run_config(run_dir: str | os.PathLike) -> TrainConfig:
+    """``RUN/config.toml`` if the run has one, else the defaults."""
+    path = os.path.join(os.fspath(run_dir), CONFIG_FILE)
+    return load_config(path) if os.path.exists(path) else default_config()
 
 
 def _toml_value(value) -> str:

@@ -1,0 +1,1041 @@
+"""The DDP learner: trains the run's network on its replay store, checkpoints and exports ONNX.
+
+``learn(RUN, devices="cpu:2")`` starts one process per device (``torch.multiprocessing.spawn``;
+gloo on CPU, nccl on CUDA), or, when started by ``torchrun`` (``RANK``/``WORLD_SIZE``/
+``LOCAL_RANK`` set), runs as the one rank torchrun made::
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+        -m trainer.cli learn RUN --devices cuda
+
+(each process then uses ``cuda:LOCAL_RANK``; RUN must be the same shared folder on every node).
+
+Each step every rank takes its slice of the same global batch (``ReplayLoader``), DDP averages
+the gradients, and every rank applies the same update (:func:`train_step`). Losses are lc0's
+(:func:`compute_losses`). Every ``checkpoint_every`` steps and at the end, rank 0 writes
+``checkpoints/step-XXXXXXXX.pt`` atomically, exports ``networks/gen-XXXXX.onnx`` (with its
+sha256) through :func:`trainer.export.export_onnx` and appends the generation to
+``generations.jsonl``; then every rank takes a new snapshot of the replay manifest at the
+same step. Running the same command again resumes from the newest checkpoint that loads, at
+its step and with its sampling cursor; ``steps`` is the step to stop at, counted from the
+start of the run, so a resumed command finishes where the first one would have.
+
+A rank that dies takes the group down: the parent sees it, stops the others and says which
+rank and how it ended; a rank blocked on a dead peer fails after the process-group timeout
+(``train.dist_timeout_s``) instead of hanging (under torchrun, its agent restarts the group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import io
+import json
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.atomic import atomic_write_bytes, atomic_write_text
+from trainer.config import (
+    CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config, from_dict,
+    load_config, model_differences, to_toml,
+)
+from trainer.model import Net, NetConfig, NetOutput, build_net
+
+__all__: Sequence[str] = [
+    "learn", "Devices", "parse_devices", "net_config", "compute_losses", "policy_cross_entropy",
+    "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path",
+    "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
+    "GENERATIONS_FILE", "TENSORBOARD_DIR",
+]
+
+CHECKPOINT_DIR = "checkpoints"
+NETWORK_DIR = "networks"
+METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "generations.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+LOCK_FILE = "learner.lock"
+CHECKPOINT_FORMAT = 1
+#: Fault injection for the tests: "RANK:STEP" makes that rank exit (code 3) right after that step.
+EXIT_HOOK_ENV = "CYZERO_LEARNER_TEST_EXIT"
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_EXPORT_CHECK_POSITIONS = 64
+
+Log = Callable[[str], Any]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """Where the ranks run: ``kind`` "cpu" or "cuda", and one entry per rank (GPU index on CUDA)."""
+
+    kind: str
+    ids: tuple[int, ...]
+
+    @property
+    def world(self) -> int:
+        return len(self.ids)
+
+
+def parse_devices(spec: str) -> Devices:
+    """``cpu``, ``cpu:N`` (N gloo processes), ``cuda`` (every visible GPU) or ``cuda:0,1`` (nccl)."""
+    text = spec.strip().lower() if isinstance(spec, str) else ""
+    match = re.fullmatch(r"cpu(?::(\d+))?", text)
+    if match:
+        n = int(match.group(1) or 1)
+        if n < 1:
+            raise ValueError(f"--devices {spec}: need at least one CPU process")
+        return Devices("cpu", tuple(range(n)))
+    match = re.fullmatch(r"cuda(?::(\d+(?:,\d+)*))?", text)
+    if not match:
+        raise ValueError(f"--devices {spec!r}: expected cpu:N (N processes) or cuda:0,1,... (GPU indices)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--devices {spec}: no CUDA device here (torch {torch.__version__}, "
+                         f"CUDA build {torch.version.cuda or 'none'})")
+    count = torch.cuda.device_count()
+    ids = tuple(int(i) for i in match.group(1).split(",")) if match.group(1) else tuple(range(count))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"--devices {spec}: a GPU is named twice")
+    missing = [i for i in ids if i >= count]
+    if missing:
+        raise ValueError(f"--devices {spec}: no GPU {missing[0]} (this machine has {count})")
+    return Devices("cuda", ids)
+
+
+def net_config(config: TrainConfig) -> NetConfig:
+    """The :class:`NetConfig` the ``[model]`` section describes."""
+    m = config.model
+    return NetConfig.from_name(m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def policy_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-position cross-entropy of the policy against ``target`` over the legal moves only.
+
+    ``target`` holds lc0's -1 on illegal moves: their logits become -inf before the
+    log-softmax (so the softmax spreads over legal moves alone, as the search does) and
+    they add nothing to the loss. A row with no legal entry (never written by our
+    records) contributes 0 rather than NaN.
+    """
+    legal = target >= 0
+    legal = legal | ~legal.any(dim=1, keepdim=True)
+    logp = torch.log_softmax(logits.float().masked_fill(~legal, float("-inf")), dim=1)
+    return -(target.clamp(min=0) * logp.masked_fill(~legal, 0.0)).sum(dim=1)
+
+
+def compute_losses(out: NetOutput, batch, cfg: LossConfig) -> dict[str, torch.Tensor]:
+    """lc0's training loss, averaged over the batch: ``{"policy", "value", "moves_left", "total"}``.
+
+    * policy: cross-entropy against the visit distribution over legal moves
+      (:func:`policy_cross_entropy`);
+    * value: cross-entropy of the WDL head against the game result (win, draw, loss);
+    * moves left: Huber loss on plies left, prediction and target divided by
+      ``moves_left_scale`` (20 plies, lc0's scale, so the loss is of the other heads'
+      order) with delta ``huber_delta / moves_left_scale`` (lc0: 10 plies);
+    * total: the weighted sum. L2 is the optimiser's weight decay, not a loss term.
+    """
+    policy = policy_cross_entropy(out.policy, batch.policy).mean()
+    value = -(batch.wdl * torch.log_softmax(out.wdl.float(), dim=1)).sum(dim=1).mean()
+    if out.mlh is not None:
+        scale = cfg.moves_left_scale
+        moves_left = F.huber_loss(out.mlh.float().squeeze(1) / scale, batch.plies_left.float() / scale,
+                                  delta=cfg.huber_delta / scale)
+    else:
+        moves_left = torch.zeros((), device=policy.device)
+    total = cfg.policy * policy + cfg.value * value + cfg.moves_left * moves_left
+    return {"policy": policy, "value": value, "moves_left": moves_left, "total": total}
+
+
+# --------------------------------------------------------------------------- optimiser
+
+
+def make_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """SGD (Nesterov) or AdamW; weight decay only on conv and linear weights, as lc0's L2."""
+    decay, plain = [], []
+    for param in model.parameters():
+        (decay if param.dim() > 1 else plain).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    if cfg.kind == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
+                               nesterov=cfg.nesterov and cfg.momentum > 0)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.momentum, cfg.beta2))
+
+
+def lr_at(step: int, cfg: OptimizerConfig) -> float:
+    """The learning rate of step ``step`` (0 for the first): linear warm-up, then the schedule."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "cosine":
+        t = min(step - cfg.warmup_steps, cfg.decay_steps) / cfg.decay_steps
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
+    if cfg.schedule == "step":
+        return cfg.lr * cfg.gamma ** sum(1 for m in cfg.milestones if step >= m)
+    return cfg.lr
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    if amp_dtype is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda", dtype=amp_dtype)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence,
+    loss_cfg: LossConfig,
+    *,
+    clip_grad_norm: float = 0.0,
+    scaler: torch.amp.GradScaler | None = None,
+    amp_dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """One optimiser step over ``batches`` (micro-batches whose gradients are accumulated,
+    each weighing 1/len(batches)); under DDP the gradients are averaged over the ranks.
+
+    So one rank stepping on ``[half0, half1]`` takes the same step as two ranks stepping on
+    ``[half0]`` and ``[half1]`` (batch norm normalises each micro-batch on its own in both).
+    Batches must be on the model's device. Returns the mean losses and the gradient norm
+    (before clipping) as detached tensors on the device: no host sync here.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    n = len(batches)
+    sums: dict[str, torch.Tensor] = {}
+    for i, batch in enumerate(batches):
+        sync = i == n - 1 or not isinstance(model, DistributedDataParallel)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with _autocast(batch.planes.device, amp_dtype):
+                out = model(batch.planes)
+            losses = compute_losses(out, batch, loss_cfg)
+            loss = losses["total"] / n
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        for key, value in losses.items():
+            sums[key] = sums[key] + value.detach() if key in sums else value.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_grad_norm if clip_grad_norm > 0 else math.inf)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    stats = {key: value / n for key, value in sums.items()}
+    stats["grad_norm"] = norm.detach()
+    return stats
+
+
+@torch.no_grad()
+def evaluate(net: Net, batch, loss_cfg: LossConfig, *, chunk: int = 256) -> dict[str, float]:
+    """Held-out metrics of ``net`` (eval mode) on ``batch``: policy top-1 agreement with the
+    target's most likely move, policy and value cross-entropy, moves-left loss, weighted total."""
+    was_training = net.training
+    net.eval()
+    device = next(net.parameters()).device
+    n = len(batch.planes)
+    sums = {"policy_ce": 0.0, "value_ce": 0.0, "moves_left": 0.0, "total": 0.0, "policy_top1": 0.0}
+    try:
+        for start in range(0, n, chunk):
+            part = type(batch)(*(t[start:start + chunk].to(device) for t in batch))
+            out = net(part.planes)
+            losses = compute_losses(out, part, loss_cfg)
+            k = len(part.planes)
+            legal = part.policy >= 0
+            guess = out.policy.float().masked_fill(~legal, float("-inf")).argmax(dim=1)
+            sums["policy_top1"] += float((guess == part.policy.argmax(dim=1)).float().sum())
+            sums["policy_ce"] += float(losses["policy"]) * k
+            sums["value_ce"] += float(losses["value"]) * k
+            sums["moves_left"] += float(losses["moves_left"]) * k
+            sums["total"] += float(losses["total"]) * k
+    finally:
+        net.train(was_training)
+    result = {key: value / n for key, value in sums.items()}
+    if not net.has_mlh:
+        del result["moves_left"]
+    return result
+
+
+# --------------------------------------------------------------------------- weight averaging
+
+
+class WeightAverager:
+    """EMA or lc0-style SWA of a network's weights and batch-norm statistics.
+
+    * ``ema``: after every step ``avg += (w - avg) * (1 - d)`` with
+      ``d = min(decay, (1 + n) / (10 + n))`` (n updates so far), so the first steps are not
+      dominated by the random initialisation;
+    * ``swa``: every ``every`` steps ``avg += (w - avg) / (n + 1)`` and ``n = min(n + 1, max_n)``:
+      lc0's running average, in which a new snapshot weighs at least ``1 / max_n``.
+
+    Integer buffers (batch norm's ``num_batches_tracked``) are copied.
+    """
+
+    def __init__(self, kind: str, *, decay: float = 0.999, every: int = 1, max_n: int = 10):
+        if kind not in ("ema", "swa"):
+            raise ValueError(f"weight averaging must be ema or swa, got {kind!r}")
+        self.kind = kind
+        self.decay = decay
+        self.every = every
+        self.max_n = max_n
+        self.count = 0
+        self.weights: dict[str, torch.Tensor] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: TrainingConfig) -> "WeightAverager | None":
+        if cfg.average == "none":
+            return None
+        if cfg.average == "ema":
+            return cls("ema", decay=cfg.ema_decay)
+        return cls("swa", every=cfg.swa_every, max_n=cfg.swa_max_n)
+
+    def update(self, net: nn.Module, step: int) -> None:
+        """Fold in ``net``'s current weights after step number ``step`` (1 for the first)."""
+        if self.kind == "swa" and step % self.every:
+            return
+        state = net.state_dict()
+        if self.weights is None:
+            self.weights = {k: v.detach().clone() for k, v in state.items()}
+            self.count = 1
+            return
+        floats = [k for k, v in state.items() if v.is_floating_point()]
+        if self.kind == "ema":
+            weight = 1.0 - min(self.decay, (1 + self.count) / (10 + self.count))
+            self.count += 1
+        else:
+            weight = 1.0 / (self.count + 1)
+            self.count = min(self.count + 1, self.max_n)
+        torch._foreach_lerp_([self.weights[k] for k in floats], [state[k].detach() for k in floats], weight)
+        for key, value in state.items():
+            if not value.is_floating_point():
+                self.weights[key].copy_(value)
+
+    def averaged(self, config: NetConfig) -> Net | None:
+        """A CPU :class:`Net` with the averaged weights (None before the first update)."""
+        if self.weights is None:
+            return None
+        net = Net(config, seed=None)
+        net.load_state_dict({k: v.detach().to("cpu") for k, v in self.weights.items()})
+        return net
+
+    def state_dict(self) -> dict:
+        weights = None if self.weights is None else {k: v.detach().to("cpu") for k, v in self.weights.items()}
+        return {"kind": self.kind, "count": self.count, "weights": weights}
+
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        if state.get("kind") != self.kind:
+            return  # the config switched between ema and swa: start the new average afresh
+        self.count = int(state["count"])
+        weights = state.get("weights")
+        self.weights = None if weights is None else {k: v.to(device) for k, v in weights.items()}
+
+
+# --------------------------------------------------------------------------- run files
+
+
+def checkpoint_path(run_dir: str | os.PathLike, step: int) -> str:
+    return os.path.join(os.fspath(run_dir), CHECKPOINT_DIR, f"step-{step:08d}.pt")
+
+
+def network_path(run_dir: str | os.PathLike, generation: int) -> str:
+    return os.path.join(os.fspath(run_dir), NETWORK_DIR, f"gen-{generation:05d}.onnx")
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first."""
+    folder = os.path.join(os.fspath(run_dir), CHECKPOINT_DIR)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        match = re.fullmatch(r"step-(\d{8,})\.pt", name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(folder, name)))
+    return sorted(found)
+
+
+_CHECKPOINT_KEYS = ("format", "step", "generation", "config", "train_config", "model", "optimizer", "sampler")
+
+
+def _read_checkpoint(path: str, step: int) -> dict:
+    """A checkpoint's contents; ValueError saying what is wrong with a damaged one."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for damage
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"it does not load ({reason})") from None
+    if not isinstance(data, dict) or any(k not in data for k in _CHECKPOINT_KEYS):
+        raise ValueError("it is not a learner checkpoint (keys missing)")
+    if data["format"] != CHECKPOINT_FORMAT or data["step"] != step:
+        raise ValueError(f"format {data['format']} step {data['step']} does not fit its name")
+    return data
+
+
+def load_newest_checkpoint(run_dir: str | os.PathLike, log: Log = _stderr) -> tuple[dict, str] | None:
+    """The newest checkpoint that loads, and its path; a damaged one is skipped with a log line."""
+    for step, path in reversed(list_checkpoints(run_dir)):
+        try:
+            return _read_checkpoint(path, step), path
+        except ValueError as exc:
+            log(f"learner: skipping damaged checkpoint {path}: {exc}")
+    return None
+
+
+def _append_jsonl(path: str, record: dict) -> None:
+    """One JSON line appended with a single write and fsynced (a reader skips a torn last line)."""
+    line = (json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: str):
+    """One learner per run: an exclusive flock on RUN/learner.lock (released when the process dies)."""
+    import fcntl
+
+    path = os.path.join(run_dir, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise ValueError(f"another learner is running on {run_dir} (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- the training loop
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """What every rank needs to start (picklable: it crosses ``spawn``)."""
+
+    run_dir: str
+    config: dict
+    kind: str  # "cpu" or "cuda"
+    steps: int | None
+    follow: bool
+    progress: bool
+    checkpoint: str | None
+    init_method: str | None = None  # tcp://127.0.0.1:PORT when spawned; env:// under torchrun
+    device_ids: tuple[int, ...] = ()
+    parent_pid: int | None = None
+
+
+class _Learner:
+    """One rank's training loop (rank 0 also writes the run's files)."""
+
+    def __init__(self, launch: _Launch, rank: int, world: int, device: torch.device, log: Log):
+        self.launch = launch
+        self.run_dir = launch.run_dir
+        self.cfg = from_dict(launch.config)
+        self.rank, self.world, self.device = rank, world, device
+        self.log = log if rank == 0 else _quiet
+        self.net_config = net_config(self.cfg)
+        self.net = build_net(self.net_config, seed=self.cfg.train.seed).to(device)
+        self.net.train()
+        self.optimizer = make_optimizer(self.net, self.cfg.optimizer)
+        amp = self.cfg.train.amp if device.type == "cuda" else "off"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
+        self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+        self.averager = WeightAverager.from_config(self.cfg.train)
+        self.step = 0
+        self.generation = 0
+        self.checkpoint_step = 0
+        sampler_state = None
+        if launch.checkpoint is not None:
+            sampler_state = self._load(launch.checkpoint)
+        self.model: nn.Module = self.net
+        self.loader = None
+        self.val_batch = None
+        if world > 1:
+            self.model = DistributedDataParallel(
+                self.net, device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True)
+        from trainer.replay import ReplaySampler, ReplayStore, WindowConfig
+
+        r = self.cfg.replay
+        self.window = WindowConfig(floor=r.floor, alpha=r.alpha, beta=r.beta,
+                                   max_samples_per_position=r.max_samples_per_position, val_percent=r.val_percent)
+        self.store = ReplayStore(self.run_dir)
+        self.sampler = ReplaySampler(self.store, self.window, self.cfg.train.batch_size, seed=self.cfg.train.seed)
+        if sampler_state is not None:
+            self.sampler.load_state_dict(sampler_state)
+        else:
+            self._refresh()
+        self.reporter = _Reporter(self, launch) if rank == 0 else None
+        self._exit_at = _exit_hook(rank)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _load(self, path: str) -> dict:
+        data = _read_checkpoint(path, int(re.search(r"step-(\d+)", path).group(1)))
+        self.net.load_state_dict(data["model"])
+        self.optimizer.load_state_dict(data["optimizer"])
+        if self.scaler is not None and data.get("scaler"):
+            self.scaler.load_state_dict(data["scaler"])
+        if self.averager is not None and data.get("average"):
+            self.averager.load_state_dict(data["average"], self.device)
+        self.step = self.checkpoint_step = int(data["step"])
+        self.generation = int(data["generation"])
+        self.log(f"learner: resuming at step {self.step:,} (generation {self.generation}) from {path}")
+        return data["sampler"]
+
+    def _checkpoint_dict(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "generation": self.generation,
+            "time": time.time(),
+            "config": self.net_config.to_dict(),  # what trainer.model.load_net and `export --checkpoint` read
+            "train_config": self.cfg.to_dict(),
+            "model": {k: v.detach().to("cpu") for k, v in self.net.state_dict().items()},
+            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "average": self.averager.state_dict() if self.averager is not None else None,
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def _write_checkpoint(self) -> str:
+        path = checkpoint_path(self.run_dir, self.step)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        buf = io.BytesIO()
+        torch.save(self._checkpoint_dict(), buf)
+        atomic_write_bytes(path, buf.getvalue())
+        for _, old in list_checkpoints(self.run_dir)[:-self.cfg.train.keep_checkpoints]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(old)
+        return path
+
+    def _raw_cpu_net(self) -> Net:
+        net = Net(self.net_config, seed=None)
+        net.load_state_dict({k: v.detach().to("cpu") for k, v in self.net.state_dict().items()})
+        return net
+
+    def _export_generation(self) -> None:
+        """Export this step's network as ``self.generation`` and record it (rank 0).
+
+        With weight averaging, both the raw and the averaged weights are scored on the
+        validation batch; the one with the lower total loss is exported (the raw weights
+        when there is no validation data to decide with)."""
+        raw = self._raw_cpu_net()
+        candidates = {"raw": raw}
+        if self.averager is not None and self.averager.weights is not None:
+            candidates[self.averager.kind] = self.averager.averaged(self.net_config)
+        scores: dict[str, dict[str, float]] = {}
+        chosen = "raw"
+        val = self._validation_batch()
+        if val is not None:
+            for name, net in candidates.items():
+                scores[name] = evaluate(net, val, self.cfg.loss)
+            chosen = min(scores, key=lambda name: scores[name]["total"])
+        from trainer.export import export_onnx
+
+        path = network_path(self.run_dir, self.generation)
+        if val is not None:
+            check = val.planes[:_EXPORT_CHECK_POSITIONS].numpy()
+            masks = (val.policy[:_EXPORT_CHECK_POSITIONS] >= 0).numpy()
+            report = export_onnx(candidates[chosen], path, "fp32", check_planes=check, check_masks=masks)
+        else:
+            report = export_onnx(candidates[chosen], path, "fp32", check_positions=_EXPORT_CHECK_POSITIONS)
+        record = {
+            "generation": self.generation,
+            "step": self.step,
+            "onnx": os.path.relpath(path, self.run_dir),
+            "sha256": report.sha256,
+            "time": time.time(),
+            "weights": chosen,
+            "val": scores.get(chosen, {}),
+        }
+        for name, score in scores.items():
+            if name != chosen:
+                record[f"val_{name}"] = score
+        _append_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE), record)
+        self.log(f"learner: step {self.step:,}: generation {self.generation} -> {record['onnx']} "
+                 f"({chosen} weights{_fmt_val(scores.get(chosen))})")
+
+    def _repair_generation(self) -> None:
+        """After a resume: export the checkpoint's generation if the last run died before it did."""
+        if self.generation < 1:
+            return
+        done = {r.get("generation") for r in _read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE))}
+        if self.generation not in done:
+            self.log(f"learner: generation {self.generation} of step {self.step:,} was not exported; exporting it")
+            self._export_generation()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint (with the next generation), export it, then a new data snapshot on every rank."""
+        self.generation += 1
+        if self.rank == 0:
+            path = self._write_checkpoint()
+            self.log(f"learner: step {self.step:,}: checkpoint {os.path.relpath(path, self.run_dir)}")
+            self._export_generation()
+        self.checkpoint_step = self.step
+        self._refresh()
+        self.val_batch = None
+
+    # ---------------------------------------------------------------- data
+
+    def _refresh(self) -> None:
+        """A new manifest snapshot, the same on every rank (retried until all ranks agree)."""
+        while True:
+            _barrier(self.world)
+            self.sampler.refresh()
+            key = _snapshot_key(self.sampler.state_dict())
+            if _all_equal(key, self.world, self.device):
+                break
+        if self.loader is not None:
+            self.loader.close()
+            self.loader = None
+
+    def _validation_batch(self):
+        if self.val_batch is None and self.cfg.replay.validation_positions > 0:
+            from trainer.replay import validation_batch
+
+            self.val_batch = validation_batch(self.store, self.window, self.cfg.replay.validation_positions,
+                                              seed=self.cfg.train.seed)
+        return self.val_batch
+
+    def _next_batch(self):
+        """The rank's slice of the next global batch on the device, or None to stop (data starved)."""
+        from trainer.replay import DataStarved, ReplayLoader
+
+        while True:
+            if self.loader is None:
+                self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
+                                           workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch)
+                self._iter = iter(self.loader)
+            try:
+                batch = next(self._iter)
+            except (DataStarved, StopIteration) as exc:
+                self.loader.close()
+                self.loader = None
+                if not self.launch.follow:
+                    self.log(f"learner: stopping at step {self.step:,}: {exc or 'no more data'} "
+                             "(--follow waits for new data instead)")
+                    return None
+                self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
+                time.sleep(self.cfg.train.starved_poll_s)
+                self._refresh()
+                continue
+            return type(batch)(*(t.to(self.device, non_blocking=True) for t in batch))
+
+    # ---------------------------------------------------------------- loop
+
+    def run(self) -> int:
+        if self.rank == 0:
+            self._repair_generation()
+        target = self.launch.steps
+        if target is not None and self.step >= target:
+            self.log(f"learner: already at step {self.step:,} (--steps {target:,}): nothing to do")
+            return 0
+        if self.reporter is not None:
+            self.reporter.start(self.step, target)
+        tc = self.cfg.train
+        try:
+            while target is None or self.step < target:
+                batch = self._next_batch()
+                if batch is None:
+                    break
+                _set_lr(self.optimizer, lr_at(self.step, self.cfg.optimizer))
+                stats = train_step(self.model, self.optimizer, [batch], self.cfg.loss,
+                                   clip_grad_norm=tc.clip_grad_norm, scaler=self.scaler, amp_dtype=self.amp_dtype)
+                self.step += 1
+                if self.averager is not None:
+                    self.averager.update(self.net, self.step)
+                self._collect(stats)
+                if self._exit_at is not None and self.step == self._exit_at:
+                    os._exit(3)
+                if self.step % self.cfg.log.interval == 0:
+                    self._log_metrics()
+                if self.step % tc.checkpoint_every == 0:
+                    self._checkpoint()
+            if self._pending:
+                self._log_metrics()
+            if self.step > self.checkpoint_step:
+                self._checkpoint()
+        finally:
+            if self.loader is not None:
+                self.loader.close()
+            if self.reporter is not None:
+                self.reporter.close()
+        self.log(f"learner: done at step {self.step:,}, generation {self.generation}")
+        return 0
+
+    _pending = 0
+
+    def _collect(self, stats: dict[str, torch.Tensor]) -> None:
+        keys = ("policy", "value", "moves_left", "total", "grad_norm")
+        values = torch.stack([stats[k].float() for k in keys])
+        self._sums = values if not self._pending else self._sums + values
+        self._pending += 1
+        if self.reporter is not None:
+            self.reporter.tick(self.cfg.train.batch_size)
+
+    def _log_metrics(self) -> None:
+        """All-reduce the interval's mean losses; rank 0 adds validation and writes them."""
+        sums = self._sums / self._pending
+        if self.world > 1:
+            dist.all_reduce(sums)
+            sums /= self.world
+        values = dict(zip(("policy", "value", "moves_left", "total", "grad_norm"), sums.tolist()))
+        steps, self._pending = self._pending, 0
+        if self.reporter is not None:
+            self.reporter.metrics(values, steps)
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _fmt_val(score: dict | None) -> str:
+    if not score:
+        return ""
+    return ", val " + " ".join(f"{k} {v:.4g}" for k, v in score.items())
+
+
+def _snapshot_key(state: dict) -> str:
+    """What identifies the sampler's snapshot: its state without the sampling counters."""
+    return json.dumps({k: v for k, v in state.items() if "snapshot" in k}, sort_keys=True)
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def _all_equal(key: str, world: int, device: torch.device) -> bool:
+    """Whether every rank holds the same ``key`` (compared by a 63-bit hash)."""
+    if world == 1:
+        return True
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+    lo = torch.tensor([h], dtype=torch.int64, device=device)
+    hi = lo.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return int(lo) == int(hi)
+
+
+def _exit_hook(rank: int) -> int | None:
+    spec = os.environ.get(EXIT_HOOK_ENV, "")
+    match = re.fullmatch(r"(\d+):(\d+)", spec.strip())
+    if match and int(match.group(1)) == rank:
+        return int(match.group(2))
+    return None
+
+
+class _Reporter:
+    """Rank 0's reporting: metrics.jsonl, TensorBoard, the progress bar, console lines."""
+
+    def __init__(self, learner: _Learner, launch: _Launch):
+        self.learner = learner
+        self.log = learner.log
+        self.bar = None
+        self.writer = None
+        self.progress = launch.progress
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            self.log(f"learner: no TensorBoard scalars ({exc.name or exc} is not installed)")
+        else:
+            self.writer = SummaryWriter(os.path.join(learner.run_dir, TENSORBOARD_DIR))
+        self._t = time.perf_counter()
+
+    def start(self, step: int, target: int | None) -> None:
+        batch = self.learner.cfg.train.batch_size
+        self._t = time.perf_counter()
+        if self.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None if target is None else target * batch, initial=step * batch,
+                            unit="pos", unit_scale=True, dynamic_ncols=True, desc="learn", file=sys.stderr,
+                            disable=None)
+            if not self.bar.disable:
+                self.log = self.bar.write
+                self.learner.log = self.bar.write
+
+    def tick(self, positions: int) -> None:
+        if self.bar is not None:
+            self.bar.update(positions)
+
+    def metrics(self, losses: dict[str, float], steps: int) -> None:
+        learner = self.learner
+        now = time.perf_counter()
+        rate = steps * learner.cfg.train.batch_size / max(now - self._t, 1e-9)
+        record: dict[str, Any] = {
+            "step": learner.step,
+            "time": time.time(),
+            "loss_policy": losses["policy"],
+            "loss_value": losses["value"],
+            "loss_moves_left": losses["moves_left"],
+            "loss_total": losses["total"],
+            "grad_norm": losses["grad_norm"],
+            "lr": learner.optimizer.param_groups[0]["lr"],
+            "samples_per_s": rate,
+            "window": _window(learner),
+            "generation": learner.generation,
+        }
+        val = learner._validation_batch()
+        if val is not None:
+            for key, value in evaluate(learner.net, val, learner.cfg.loss).items():
+                record[f"val_{key}"] = value
+        _append_jsonl(os.path.join(learner.run_dir, METRICS_FILE), record)
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "time"):
+                    self.writer.add_scalar(key.replace("_", "/", 1) if key.startswith(("loss_", "val_")) else key,
+                                           value, learner.step)
+            self.writer.flush()
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix(loss=f"{losses['total']:.3f}", lr=f"{record['lr']:.3g}", refresh=False)
+        else:
+            self.log(f"learner: step {learner.step:,}: loss {losses['total']:.4f} (policy {losses['policy']:.4f}, "
+                     f"value {losses['value']:.4f}, moves left {losses['moves_left']:.4f}), lr {record['lr']:.3g}, "
+                     f"{rate:,.0f} pos/s" + (f", val top-1 {record['val_policy_top1']:.3f}"
+                                              if "val_policy_top1" in record else ""))
+        self._t = time.perf_counter()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _window(learner: _Learner) -> int:
+    from trainer.replay import window_size
+
+    state = learner.sampler.state_dict()
+    total = state.get("snapshot_positions", 0)
+    w = learner.window
+    return window_size(int(total), floor=w.floor, alpha=w.alpha, beta=w.beta)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A spawned rank ends itself when the learner that started it is gone (e.g. SIGKILLed)."""
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log) -> int:
+    cfg = from_dict(launch.config)
+    if launch.kind == "cuda":
+        device = torch.device("cuda", launch.device_ids[local] if launch.device_ids else local)
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")
+    else:
+        device = torch.device("cpu")
+        if world > 1:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // min(world, os.cpu_count() or 1)))
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if launch.kind == "cuda" else "gloo", init_method=launch.init_method, rank=rank,
+            world_size=world, timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
+    try:
+        return _Learner(launch, rank, world, device, log).run()
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _spawned(local: int, world: int, launch: _Launch) -> None:
+    """``spawn``'s entry: rank ``local`` of ``world``; a non-zero return becomes the exit code."""
+    if launch.parent_pid is not None:
+        _exit_with_parent(launch.parent_pid)
+    code = _run_rank(local, world, local, launch, _stderr)
+    if code:
+        sys.exit(code)
+
+
+def _resolve_config(run_dir: str, config_path: str | os.PathLike | None, write: bool, log: Log) -> TrainConfig:
+    """The run's config: ``config_path`` if given, else RUN/config.toml, else the defaults;
+    RUN/config.toml is (re)written to hold the config in use (when ``write``)."""
+    run_file = os.path.join(run_dir, CONFIG_FILE)
+    if config_path is not None:
+        config = load_config(config_path)
+    elif os.path.exists(run_file):
+        config = load_config(run_file)
+    else:
+        config = default_config()
+    text = to_toml(config)
+    try:
+        with open(run_file, encoding="utf-8") as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = None
+    if write and old != text:
+        if old is not None:
+            log(f"learner: {run_file} updated from {config_path}")
+        atomic_write_text(run_file, text)
+    return config
+
+
+def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log) -> tuple[TrainConfig, str | None]:
+    """Config and checkpoint checks made before the training starts (clear one-line errors);
+    ``lead``: this process writes the run's files and logs (not the other torchrun ranks)."""
+    if not lead:
+        log = _quiet
+    config = _resolve_config(run_dir, config_path, lead, log)
+    if config.train.batch_size % devices_world:
+        raise ValueError(f"train.batch_size {config.train.batch_size} is not a multiple of the "
+                         f"{devices_world} ranks")
+    found = load_newest_checkpoint(run_dir, log)
+    if found is None:
+        return config, None
+    data, path = found
+    differs = model_differences(config, data["train_config"])
+    if differs:
+        raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
+                         f"{path}: start a new run directory, or restore the run's [model] section")
+    return config, path
+
+
+def _describe_failure(exc: BaseException) -> str:
+    rank = getattr(exc, "error_index", "?")
+    signal_name = getattr(exc, "signal_name", None)
+    code = getattr(exc, "exit_code", None)
+    if signal_name:
+        how = f"was killed by {signal_name}"
+    elif code is not None:
+        how = f"exited with code {code}"
+    else:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        how = f"raised {lines[-1].strip() if lines else type(exc).__name__}"
+    return (f"learner: rank {rank} {how}; the other ranks were stopped. "
+            "Resume by running the same command again (it continues from the last checkpoint)")
+
+
+def learn(
+    run_dir: str | os.PathLike,
+    *,
+    devices: str = "cpu:1",
+    steps: int | None = None,
+    config_path: str | os.PathLike | None = None,
+    follow: bool = False,
+    progress: bool = True,
+    log: Log | None = None,
+) -> int:
+    """Train the run in ``run_dir``; returns the exit code (0: done or out of data).
+
+    ``devices``: ``cpu:N`` or ``cuda:0,1,...`` (see :func:`parse_devices`); ignored but for its
+    kind under torchrun. ``steps``: the step to stop at, counted from the run's start (None:
+    until the data runs out, or forever with ``follow``). ``config_path``: a TOML config
+    (default RUN/config.toml, else the defaults). ``follow``: wait for new data when the
+    sampling cap is reached instead of stopping. ``log``: where one-line messages go (the
+    spawned ranks write to stderr).
+    """
+    log = log or _stderr
+    run_dir = os.path.abspath(os.fspath(run_dir))
+    if steps is not None and steps < 1:
+        log("learner: error: --steps must be at least 1")
+        return 2
+    torchrun = all(k in os.environ for k in _TORCHRUN_ENV)
+    with contextlib.ExitStack() as stack:
+        try:
+            if torchrun:  # torchrun made the processes: --devices only says cpu or cuda
+                parsed = Devices("cuda" if devices.strip().lower().startswith("cuda") else "cpu", ())
+                rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+            else:
+                parsed = parse_devices(devices)
+                rank, world, local = 0, parsed.world, 0
+            os.makedirs(run_dir, exist_ok=True)
+            if rank == 0:
+                stack.enter_context(_run_lock(run_dir))
+            config, checkpoint = _prepare(run_dir, config_path, world, rank == 0, log)
+        except (ValueError, OSError) as exc:
+            log(f"learner: error: {exc}")
+            return 2
+        launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind=parsed.kind, steps=steps,
+                         follow=follow, progress=progress, checkpoint=checkpoint, device_ids=parsed.ids)
+        if torchrun:
+            return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log)
+        if world == 1:
+            return _run_rank(0, 1, 0, launch, log)
+        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
+        import torch.multiprocessing as mp
+
+        try:
+            mp.spawn(_spawned, args=(world, launch), nprocs=world, join=True)
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
+            log(_describe_failure(exc))
+            return 1
+        return 0
