@@ -50,6 +50,7 @@ __all__ = [
     "decode_records",
     "write_chunk",
     "read_chunk",
+    "parse_chunk",
 ]
 
 RECORD_VERSION = 6
@@ -374,6 +375,11 @@ def read_chunk(path: str | os.PathLike) -> np.ndarray:
             data = gz.read()
     except (OSError, EOFError, zlib.error) as exc:
         raise ChunkError(f"chunk {name} cannot be read: {exc}") from exc
+    return parse_chunk(data, name)
+
+
+def parse_chunk(data: bytes, name: str) -> np.ndarray:
+    """The records in a chunk's decompressed bytes (see :func:`read_chunk`); ``name`` is for messages."""
     if len(data) >= 8:
         version, fmt = (int(v) for v in np.frombuffer(data[:8], dtype="<u4"))
         if version != RECORD_VERSION:   # another version has another record size: say so first

@@ -1,0 +1,414 @@
+"""The replay store: durable group commits, the manifest log, the window, the cursor, the loader, lc0 imports."""
+
+import gzip
+import io
+import json
+import logging
+import math
+import multiprocessing
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+import trainer.replay as replay
+from trainer.records import RECORD_DTYPE, read_chunk
+from trainer.replay import (
+    DataStarved,
+    ReplayLoader,
+    ReplaySampler,
+    ReplayStore,
+    WindowConfig,
+    import_lc0_chunks,
+    is_validation,
+    validation_batch,
+    window_size,
+)
+
+NO_VAL = dict(val_percent=0.0)
+
+
+def _game(ids):
+    """Records that say who they are: ``plies_left`` holds each position's id."""
+    records = np.zeros(len(ids), dtype=RECORD_DTYPE)
+    records["version"] = 6
+    records["input_format"] = 1
+    records["plies_left"] = ids
+    records["probabilities"] = -1.0
+    records["probabilities"][:, 0] = 1.0
+    records["result_d"] = 1.0
+    return records
+
+
+def _fill(store, sizes, start=0, source="selfplay"):
+    """One chunk per size, ids counting up from ``start`` in commit order; returns the entries."""
+    entries = []
+    for size in sizes:
+        entries.append(store.append_games([_game(np.arange(start, start + size))], generation=1, source=source))
+        start += size
+    return entries
+
+
+def _ids(batch):
+    return batch.plies_left.numpy().astype(np.int64)
+
+
+def test_group_commit_is_one_chunk_and_the_same_fsyncs_however_many_games(tmp_path, monkeypatch):
+    store = ReplayStore(tmp_path)
+    calls = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+    store.append_games([_game([7])], generation=3, source="teacher")   # creates the manifest
+    calls.clear()
+    one = store.append_games([_game([0, 1])], generation=3, source="teacher")
+    fsyncs_for_one = len(calls)
+    calls.clear()
+    many = store.append_games([_game([i, i]) for i in range(50)], generation=3, source="teacher")
+    assert len(calls) == fsyncs_for_one == 3   # the chunk file, its directory, the manifest line
+    assert (many.games, many.positions, many.generation, many.source) == (50, 100, 3, "teacher")
+    assert one.name != many.name and many.name.startswith("teacher-g00003-") and many.name.endswith(".gz")
+    assert len(os.listdir(store.chunks_dir)) == 3   # no temp files left
+    assert store.entries()[1:] == [one, many]
+    assert ReplayStore(tmp_path).entries()[1:] == [one, many]   # what another process reads
+    assert store.total_positions() == 103
+    assert np.array_equal(read_chunk(store.chunks_dir / many.name)["plies_left"], np.repeat(np.arange(50), 2))
+
+
+def test_writer_commits_groups_and_the_rest_on_exit(tmp_path):
+    store = ReplayStore(tmp_path)
+    with store.writer(generation=0, source="pgn", positions_per_chunk=10) as writer:
+        results = [writer.add_game(_game(range(4))) for _ in range(5)]
+        assert [r is not None for r in results] == [False, False, True, False, False]
+        assert writer.buffered_positions == 8
+    assert [e.positions for e in store.entries()] == [12, 8]
+    assert writer.committed == store.entries()
+    with pytest.raises(ValueError, match="input format 3"):
+        bad = _game([1])
+        bad["input_format"] = 3
+        writer.add_game(bad)
+    with pytest.raises(ValueError, match="source"):
+        store.append_games([_game([1])], generation=0, source="../x")
+
+
+def test_torn_manifest_line_is_ignored_and_later_appends_work(tmp_path, caplog):
+    store = ReplayStore(tmp_path)
+    first = _fill(store, [3])[0]
+    with open(store.manifest, "ab") as f:   # a writer killed in the middle of its line
+        f.write(b'{"op":"add","name":"selfplay-g00001-dead.gz","posi')
+    assert store.entries() == [first]
+    second = _fill(store, [4], start=3)[0]
+    lines = store.manifest.read_bytes().split(b"\n")
+    assert lines[1] == b'{"op":"add","name":"selfplay-g00001-dead.gz","posi' and lines[-1] == b""
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        fresh = ReplayStore(tmp_path)
+        assert fresh.entries() == [first, second]
+    assert any("torn or malformed line" in r.getMessage() for r in caplog.records)
+    # A complete line whose newline has not arrived yet is not read until it has.
+    line = json.dumps({"op": "add", "name": "x-g00000-1.gz", "positions": 1, "games": 1, "generation": 0,
+                       "source": "x", "time": 1.0})
+    with open(store.manifest, "ab") as f:
+        f.write(line.encode())
+    assert fresh.entries() == [first, second]
+    with open(store.manifest, "ab") as f:
+        f.write(b"\n")
+    assert [e.name for e in fresh.entries()] == [first.name, second.name, "x-g00000-1.gz"]
+
+
+def _writer_process(run_dir, worker, chunks):
+    store = ReplayStore(run_dir)
+    for i in range(chunks):
+        ids = np.full(1 + (i % 3), worker * 1000 + i)
+        store.append_games([_game(ids)], generation=worker, source=f"w{worker}")
+
+
+def test_concurrent_writers_with_a_reader(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=_writer_process, args=(tmp_path, w, 25)) for w in range(4)]
+    ReplayStore(tmp_path)
+    for p in writers:
+        p.start()
+    reader = ReplayStore(tmp_path)
+    seen = []
+    while any(p.is_alive() for p in writers) or len(seen) < 100:
+        entries = reader.entries()
+        assert entries[: len(seen)] == seen   # the log only grows
+        for entry in entries[len(seen):]:     # every listed chunk is complete and readable
+            records = read_chunk(reader.chunks_dir / entry.name)
+            assert len(records) == entry.positions
+            assert set(records["plies_left"].tolist()) == {records["plies_left"][0]}
+        seen = entries
+        if len(seen) >= 100:
+            break
+    for p in writers:
+        p.join(30)
+        assert p.exitcode == 0
+    entries = ReplayStore(tmp_path).entries()
+    assert len(entries) == len({e.name for e in entries}) == 100
+    for w in range(4):   # each writer's chunks are in its own order
+        mine = [e for e in entries if e.source == f"w{w}"]
+        assert [int(read_chunk(tmp_path / "replay" / "chunks" / e.name)["plies_left"][0]) for e in mine] == [
+            w * 1000 + i for i in range(25)]
+    assert all(json.loads(line) for line in (tmp_path / "replay" / "manifest.jsonl").read_text().splitlines())
+
+
+def test_window_size_is_katagos_formula():
+    # floor 250,000, alpha 0.65, beta 0.4, N = 1,000,000 positions, by hand:
+    #   N^0.65 = 10^3.9 = 7943.282;  250000^0.65 = e^(0.65 * 12.429216) = e^8.078990 = 3225.975
+    #   250000^-0.35 = e^(-4.350226) = 0.01290390;  alpha * that = 0.00838754
+    #   W = 250000 + 0.4 * (7943.282 - 3225.975) / 0.00838754 = 250000 + 1886.923 / 0.00838754 = 474967.5
+    assert abs(window_size(1_000_000, floor=250_000) - 474_967) <= 1
+    # N = 10,000,000: N^0.65 = 10^4.55 = 35481.339; W = 250000 + 0.4 * 32255.364 / 0.00838754 = 1,788,252
+    assert abs(window_size(10_000_000, floor=250_000) - 1_788_252) <= 1
+    # Small run, floor 1000, N 4000, beta 0.5, alpha 0.5: W = 1000 + 0.5 * (63.2456 - 31.6228) / (0.5 / 31.6228)
+    #   = 1000 + 0.5 * 31.6228 * 63.2456 = 1000 + 1000.0 = 2000
+    assert window_size(4000, floor=1000, alpha=0.5, beta=0.5) == 2000
+    assert window_size(250_000, floor=250_000) == 250_000
+    assert window_size(1234, floor=250_000) == 1234
+    assert window_size(0, floor=10) == 0
+    with pytest.raises(ValueError, match="floor"):
+        window_size(10, floor=0)
+
+
+def test_sampling_is_uniform_over_the_window_of_training_positions(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [100, 50, 150, 100, 100])   # ids 0..499
+    window = WindowConfig(floor=200, alpha=0.5, beta=0.5, **NO_VAL)
+    # W = 200 + 0.5 * (sqrt(500) - sqrt(200)) / (0.5 / sqrt(200)) = 200 + (22.3607 - 14.1421) * 14.1421 = 316
+    sampler = ReplaySampler(store, window, batch_size=256, seed=7)
+    assert (sampler.training_positions, sampler.window_positions) == (500, 316)
+    counts = np.zeros(500, dtype=np.int64)
+    for k in range(200):
+        plan = sampler.plan(k)
+        assert sum(len(o) for _, o in plan) == 256
+        again = sampler.plan(k)
+        assert len(plan) == len(again) and all(
+            a[0] == b[0] and np.array_equal(a[1], b[1]) for a, b in zip(plan, again))
+        for name, offsets in plan:
+            ids = read_ids(store, name)[offsets]
+            np.add.at(counts, ids, 1)
+    assert counts[: 500 - 316].sum() == 0
+    inside = counts[500 - 316:]
+    expected = 200 * 256 / 316
+    chi2 = ((inside - expected) ** 2 / expected).sum()
+    assert chi2 < 316 + 6 * math.sqrt(2 * 316)   # 315 degrees of freedom, six sigma
+    assert inside.min() > 0.6 * expected and inside.max() < 1.4 * expected
+    # Different seeds, different batches, different plans.
+    assert not np.array_equal(replay_flat(sampler, 0), replay_flat(sampler, 1))
+
+
+_ID_CACHE = {}
+
+
+def read_ids(store, name):
+    if name not in _ID_CACHE:
+        _ID_CACHE[name] = read_chunk(store.chunks_dir / name)["plies_left"].astype(np.int64)
+    return _ID_CACHE[name]
+
+
+def replay_flat(sampler, k):
+    return np.concatenate([read_ids(sampler.store, n)[o] for n, o in sampler.plan(k)])
+
+
+def test_validation_chunks_are_held_out(tmp_path, monkeypatch):
+    counter = iter(range(1, 1000))
+    monkeypatch.setattr(replay.uuid, "uuid4", lambda: replay.uuid.UUID(int=next(counter)))  # fixed names
+    names = [f"selfplay-g00001-{i:032x}.gz" for i in range(4000)]
+    share = sum(is_validation(n, 5.0) for n in names) / len(names)
+    assert 0.035 < share < 0.065
+    assert [is_validation(n, 5.0) for n in names[:50]] == [is_validation(n, 5.0) for n in names[:50]]
+    assert not any(is_validation(n, 0.0) for n in names) and all(is_validation(n, 100.0) for n in names)
+
+    store = ReplayStore(tmp_path)
+    assert validation_batch(store, WindowConfig(), 10) is None
+    entries = _fill(store, [20] * 12)
+    window = WindowConfig(floor=10_000, val_percent=40.0)
+    held = {e.name for e in entries if is_validation(e.name, 40.0)}
+    assert 2 <= len(held) <= 10
+    held_ids = np.concatenate([read_ids(store, n) for n in held])
+    sampler = ReplaySampler(store, window, batch_size=64)
+    assert sampler.training_positions == 20 * (12 - len(held))
+    drawn = np.concatenate([replay_flat(sampler, k) for k in range(30)])
+    assert not np.isin(drawn, held_ids).any()
+    val = validation_batch(store, window, 25, seed=3)
+    assert val.planes.shape == (25, 112, 8, 8) and val.policy.shape == (25, 1858)
+    assert np.isin(_ids(val), held_ids).all() and len(set(_ids(val))) == 25
+    assert np.array_equal(_ids(validation_batch(store, window, 25, seed=3)), _ids(val))   # fixed
+
+
+def test_cap_starves_the_loader_until_new_data_arrives(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [40, 40])
+    window = WindowConfig(floor=1000, max_samples_per_position=2.0, **NO_VAL)
+    sampler = ReplaySampler(store, window, batch_size=32)
+    loader = ReplayLoader(store, sampler, workers=0)
+    got = [next(loader) for _ in range(5)]       # 2 x 80 = 160 samples: five batches of 32
+    assert sampler.samples_drawn == 160
+    with pytest.raises(DataStarved, match=r"192.*cap of 2 per training position x 80 positions = 160.*wait"):
+        next(loader)
+    sampler.refresh()                            # nothing new: still starved
+    with pytest.raises(DataStarved):
+        next(loader)
+    _fill(store, [40], start=80)
+    sampler.refresh()                            # 2 x 120 = 240: two more batches
+    got += [next(loader), next(loader)]
+    with pytest.raises(DataStarved):
+        next(loader)
+    assert sampler.next_batch == 7 and sum(sampler.chunk_samples.values()) == 7 * 32
+    assert all(b.planes.shape == (32, 112, 8, 8) for b in got)
+    empty = ReplaySampler(ReplayStore(tmp_path / "empty"), window, batch_size=8)
+    with pytest.raises(DataStarved, match="no training positions"):
+        next(ReplayLoader(empty.store, empty, workers=0))
+
+
+def test_a_resumed_cursor_plans_and_loads_the_same_batches(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [30, 50, 20])
+    window = WindowConfig(floor=60, **NO_VAL)
+    first = ReplaySampler(store, window, batch_size=16, seed=11)
+    with ReplayLoader(store, first, workers=0) as loader:
+        for _ in range(4):
+            next(loader)
+        state = json.loads(json.dumps(first.state_dict()))
+        assert state["next_batch"] == 4 and state["samples_drawn"] == 64 and state["seed"] == 11
+        assert sum(state["chunk_samples"].values()) == 64
+        later = [_ids(next(loader)) for _ in range(6)]
+    _fill(store, [100], start=100)    # data that arrived after the checkpoint
+    resumed = ReplaySampler(ReplayStore(tmp_path), window, batch_size=16)
+    assert resumed.training_positions == 200
+    resumed.load_state_dict(state)
+    assert resumed.training_positions == 100 and resumed.next_batch == 4
+    for k in range(4, 10):
+        a, b = first.plan(k), resumed.plan(k)
+        assert [n for n, _ in a] == [n for n, _ in b]
+        assert all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+    with ReplayLoader(resumed.store, resumed, workers=2) as loader:
+        again = [_ids(next(loader)) for _ in range(6)]
+    assert all(np.array_equal(x, y) for x, y in zip(later, again))
+    assert resumed.state_dict() == first.state_dict()
+    resumed.refresh()                 # the new chunk enters the window from here on
+    assert resumed.training_positions == 200
+    with pytest.raises(ValueError, match="cursor was taken at 99"):
+        resumed.load_state_dict({**state, "snapshot_records": 99})
+
+
+def test_rank_slices_partition_the_global_batch(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [50, 70])
+    window = WindowConfig(floor=1000, **NO_VAL)
+    whole = ReplayLoader(store, ReplaySampler(store, window, batch_size=30, seed=5), workers=0)
+    expected = [next(whole) for _ in range(3)]
+    for world in (2, 4):
+        ranks = [ReplayLoader(store, ReplaySampler(store, window, batch_size=30, seed=5), rank=r, world=world,
+                              workers=0) for r in range(world)]
+        for batch in expected:
+            parts = [next(r) for r in ranks]
+            assert [len(p.plies_left) for p in parts] == [(r + 1) * 30 // world - r * 30 // world
+                                                          for r in range(world)]
+            for field in range(4):
+                assert np.array_equal(np.concatenate([p[field].numpy() for p in parts]), batch[field].numpy())
+
+
+def test_corrupt_chunk_is_logged_once_and_replaced_deterministically(tmp_path, caplog):
+    store = ReplayStore(tmp_path)
+    entries = _fill(store, [40, 40, 40, 40])
+    bad = store.chunks_dir / entries[1].name
+    bad.write_bytes(bad.read_bytes()[:100])     # truncated
+    window = WindowConfig(floor=1000, **NO_VAL)
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        with ReplayLoader(store, ReplaySampler(store, window, batch_size=64, seed=1), workers=2) as loader:
+            first = [_ids(next(loader)) for _ in range(8)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and entries[1].name in lines[0] and "skipping chunk" in lines[0]
+    drawn = np.concatenate(first)
+    assert not np.isin(drawn, np.arange(40, 80)).any()        # nothing from the bad chunk
+    assert np.isin(np.arange(0, 40), drawn).any() and np.isin(np.arange(120, 160), drawn).any()
+    assert list(store.bad_chunks()) == [entries[1].name]
+    # Another loader (another rank, a resumed run) makes the same replacements, without a new log line.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        with ReplayLoader(store, ReplaySampler(store, window, batch_size=64, seed=1), workers=0) as loader:
+            second = [_ids(next(loader)) for _ in range(8)]
+    assert not caplog.records
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    # The replacement does not depend on who found the chunk bad: a fresh cache gives the same batches.
+    for file in os.listdir(store.cache_dir):
+        os.unlink(store.cache_dir / file)
+    with ReplayLoader(store, ReplaySampler(store, window, batch_size=64, seed=1), workers=0) as loader:
+        assert all(np.array_equal(a, _ids(next(loader))) for a in first)
+
+
+def test_prune_drops_the_oldest_chunks_outside_the_kept_positions(tmp_path):
+    store = ReplayStore(tmp_path)
+    entries = _fill(store, [100, 100, 100, 100])
+    window = WindowConfig(floor=1000, **NO_VAL)
+    with ReplayLoader(store, ReplaySampler(store, window, batch_size=64), workers=0) as loader:
+        next(loader)   # builds the cache files
+    assert len(os.listdir(store.cache_dir)) == 4
+    assert store.prune(400) == [] and store.prune(301) == []
+    assert store.prune(250) == [entries[0].name]               # chunk 1 holds part of the newest 250
+    assert store.entries() == entries[1:]
+    assert sorted(os.listdir(store.chunks_dir)) == sorted(e.name for e in entries[1:])
+    assert len(os.listdir(store.cache_dir)) == 3
+    assert store.prune(0) == [e.name for e in entries[1:]]
+    assert store.entries() == [] and os.listdir(store.chunks_dir) == [] and os.listdir(store.cache_dir) == []
+    ops = [json.loads(line)["op"] for line in store.manifest.read_text().splitlines()]
+    assert ops == ["add"] * 4 + ["prune", "prune"]
+    assert ReplayStore(tmp_path).entries() == []
+    with pytest.raises(ValueError, match="keep_positions"):
+        store.prune(-1)
+
+
+def _lc0_bytes(records):
+    return gzip.compress(records.tobytes())
+
+
+def test_import_lc0_chunks_converts_format_2_and_refuses_canonical_formats(tmp_path, caplog):
+    classical = _game(np.arange(0, 5))
+    classical["castling_us_oo"] = 1
+    fmt2 = _game(np.arange(5, 12))
+    fmt2["input_format"] = 2
+    fmt2["castling_us_ooo"], fmt2["castling_us_oo"] = 1 << 0, 1 << 7
+    fmt2["castling_them_oo"] = 1 << 7
+    fmt3 = _game(np.arange(12, 15))
+    fmt3["input_format"] = 3
+    data = tmp_path / "lc0"
+    data.mkdir()
+    (data / "training.1.gz").write_bytes(_lc0_bytes(classical))
+    (data / "training.2.gz").write_bytes(_lc0_bytes(fmt2))
+    (data / "training.3.gz").write_bytes(_lc0_bytes(fmt3))
+    (data / "training.4.gz").write_bytes(_lc0_bytes(classical)[:40])   # truncated
+    archive = tmp_path / "training-run1.tar"
+    with tarfile.open(archive, "w") as tar:
+        for i, game in enumerate((_game(np.arange(20, 23)), _game(np.arange(30, 34)))):
+            raw = _lc0_bytes(game)
+            info = tarfile.TarInfo(f"training-run1/training.{100 + i}.gz")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    store = ReplayStore(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        summary = import_lc0_chunks(store, [data, archive], positions_per_chunk=10)
+    assert (summary.files, summary.positions) == (4, 5 + 7 + 3 + 4)
+    assert len(summary.skipped) == 2 and len(caplog.records) == 2
+    assert "training.3.gz" in summary.skipped[0] and "input format 3 (INPUT_112_WITH_CANONICALIZATION)" in \
+        summary.skipped[0]
+    assert "training.4.gz" in summary.skipped[1]
+    entries = store.entries()
+    assert entries == summary.chunks and [e.positions for e in entries] == [12, 7]
+    assert all(e.source == "lc0" and e.generation == 0 for e in entries)
+    assert [e.games for e in entries] == [2, 2]
+    records = np.concatenate([read_chunk(store.chunks_dir / e.name) for e in entries])
+    assert records["plies_left"].tolist() == [*range(0, 12), 20, 21, 22, 30, 31, 32, 33]
+    assert (records["input_format"] == 1).all()
+    converted = records[5:12]
+    assert (converted["castling_us_ooo"] == 1).all() and (converted["castling_us_oo"] == 1).all()
+    assert (converted["castling_them_oo"] == 1).all() and (converted["castling_them_ooo"] == 0).all()
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        import_lc0_chunks(store, [tmp_path / "nowhere"])
+
+
+def test_loader_throughput_runs(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [200, 200])
+    rate = replay.loader_throughput(store, WindowConfig(floor=1000, **NO_VAL), batch_size=64, workers=1, batches=3)
+    assert rate > 0

@@ -1,0 +1,893 @@
+"""The replay store: durable chunks of V6 records, the manifest log, the sampling window and its cursor.
+
+Layout under the run directory (see ``docs/architecture.md``)::
+
+    replay/manifest.jsonl   append-only log, one JSON object a line, never rewritten
+    replay/chunks/NAME.gz   gzip chunks of V6 records (:func:`trainer.records.write_chunk`)
+    replay/cache/NAME.rec   decompressed copies for random access (derived, deletable any time)
+    replay/cache/NAME.bad   a chunk found unreadable, with the reason (delete it to try again)
+
+Writing: a group of games becomes one chunk (temp name, fsync, rename), then one
+manifest line ``{"op": "add", ...}`` is appended under ``flock`` with ``O_APPEND``
+and fsynced: one chunk and two fsyncs per group, however many games, and the
+games are durable (the daemon may acknowledge them) when :meth:`ReplayStore.append_games`
+returns.  Several writer processes may append while readers read.  A writer
+killed mid-line leaves a torn line: readers skip it and the next writer starts
+a new line.  Retention appends ``{"op": "prune", "names": [...]}`` instead of
+rewriting the log.
+
+Sampling (KataGo's shuffle rule): the window is the newest ``window_size(N)``
+training positions of a snapshot of the manifest; batch ``k`` draws its
+positions uniformly from it with ``numpy.random.default_rng([seed, k])``, so a
+plan depends only on the seed, the batch number and the snapshot.  The cursor
+(:meth:`ReplaySampler.state_dict`) names the snapshot by the number of manifest
+records it used, so a resumed learner plans the same batches.  Chunks whose name
+hashes into the validation share never enter the window.
+
+Loading: worker processes read planned positions from memory-mapped
+decompressed copies of the chunks and decode them with the vectorised
+:func:`trainer.records.decode_records`.  A chunk that cannot be read is marked
+once (``NAME.bad``, one log line naming it) and its positions are redrawn,
+deterministically, from other chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import gzip
+import hashlib
+import io
+import json
+import logging
+import math
+import multiprocessing
+import os
+import re
+import secrets
+import tarfile
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from engine.files import atomic_open, fsync_dir
+from trainer.records import (
+    RECORD_BYTES,
+    RECORD_DTYPE,
+    RECORD_VERSION,
+    ChunkError,
+    check_records,
+    decode_records,
+    parse_chunk,
+    read_chunk,
+    write_chunk,
+)
+
+__all__ = [
+    "ChunkEntry",
+    "ChunkWriter",
+    "ReplayStore",
+    "is_validation",
+    "window_size",
+    "WindowConfig",
+    "DataStarved",
+    "ReplaySampler",
+    "Batch",
+    "ReplayLoader",
+    "validation_batch",
+    "loader_throughput",
+    "ImportSummary",
+    "import_lc0_chunks",
+]
+
+log = logging.getLogger("cyzero.replay")
+
+MANIFEST = "manifest.jsonl"
+_CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.gz")
+_SOURCE = re.compile(r"[A-Za-z0-9_]+")
+# Redraws of a position whose chunk is unreadable before giving up (all of the window unreadable).
+_MAX_REDRAWS = 64
+# One lc0 game is at most a few MB of records; more is not a game (or a gzip bomb).
+_MAX_LC0_GAME_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One chunk in the manifest."""
+
+    name: str          # file name under replay/chunks
+    positions: int
+    games: int
+    generation: int    # network generation that played the games (0 = bootstrap/PGN/teacher)
+    source: str        # "teacher", "pgn", "selfplay", "lc0", ...
+    time: float        # unix time it became durable
+
+
+def _entry_from(obj: dict) -> ChunkEntry:
+    entry = ChunkEntry(obj["name"], obj["positions"], obj["games"], obj["generation"], obj["source"],
+                       float(obj["time"]))
+    if not (isinstance(entry.name, str) and _CHUNK_NAME.fullmatch(entry.name)):
+        raise ValueError(f"bad chunk name {entry.name!r}")
+    for field in ("positions", "games", "generation"):
+        value = getattr(entry, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"bad {field} {value!r}")
+    if entry.positions == 0 or not isinstance(entry.source, str):
+        raise ValueError("a chunk needs positions and a source")
+    return entry
+
+
+def _game_array(records: np.ndarray) -> np.ndarray:
+    array = np.atleast_1d(np.asarray(records))
+    if array.dtype != RECORD_DTYPE:
+        raise TypeError(f"a game is an array of RECORD_DTYPE records, got dtype {array.dtype}")
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"a game is a non-empty 1-D array of records, got shape {array.shape}")
+    check_records(array)
+    return array
+
+
+class ReplayStore:
+    """The run's replay directory: chunks, the manifest log, the cache.
+
+    Not shared between threads without care: one instance per thread, or the
+    internal lock (it guards the manifest view and appends) is all there is.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / "replay"
+        self.chunks_dir = self.dir / "chunks"
+        self.cache_dir = self.dir / "cache"
+        self.manifest = self.dir / MANIFEST
+        for d in (self.chunks_dir, self.cache_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._offset = 0                            # bytes of the manifest parsed so far
+        self._ops: list[tuple[str, object]] = []    # ("add", ChunkEntry) | ("prune", [names])
+        self._live: dict[str, ChunkEntry] = {}      # the log replayed to its end, oldest first
+
+    # -- the manifest log ------------------------------------------------------------------
+
+    def _read_new(self) -> None:
+        """Parse the manifest's complete lines past what was read before (it only grows)."""
+        try:
+            fd = os.open(self.manifest, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)   # no half-written line from a writer in progress
+            chunks = []
+            offset = self._offset
+            while True:
+                block = os.pread(fd, 1 << 20, offset)
+                if not block:
+                    break
+                chunks.append(block)
+                offset += len(block)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        end = data.rfind(b"\n") + 1      # a last line without its newline is torn or in progress
+        for line in data[:end].split(b"\n")[:-1]:
+            at = self._offset
+            self._offset += len(line) + 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                op = obj["op"]
+                if op == "add":
+                    entry = _entry_from(obj)
+                    self._ops.append(("add", entry))
+                    self._live.setdefault(entry.name, entry)
+                elif op == "prune":
+                    names = [str(n) for n in obj["names"]]
+                    self._ops.append(("prune", names))
+                    for name in names:
+                        self._live.pop(name, None)
+                else:
+                    log.warning("%s: ignoring a line of unknown op %r at byte %d", self.manifest, op, at)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: ignoring a torn or malformed line at byte %d (%s)", self.manifest, at, exc)
+
+    def _snapshot(self, records: int | None = None) -> tuple[list[ChunkEntry], int]:
+        """The live chunks after the manifest's first ``records`` records (all of them: None), and that count."""
+        with self._lock:
+            self._read_new()
+            if records is None:
+                return list(self._live.values()), len(self._ops)
+            if records > len(self._ops):
+                raise ValueError(
+                    f"{self.manifest} holds {len(self._ops)} records but the replay cursor was taken "
+                    f"at {records}: this is not the run the checkpoint came from, or its manifest was lost"
+                )
+            live: dict[str, ChunkEntry] = {}
+            for op, arg in self._ops[:records]:
+                if op == "add":
+                    live.setdefault(arg.name, arg)  # type: ignore[union-attr]
+                else:
+                    for name in arg:  # type: ignore[union-attr]
+                        live.pop(name, None)
+            return list(live.values()), records
+
+    def _append(self, obj: dict) -> None:
+        """Append one line durably: O_APPEND under an exclusive flock, one write, fsync."""
+        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            fd = os.open(self.manifest, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line      # a writer died mid-line: leave its fragment a line of its own
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)   # releases the lock
+            if size == 0:
+                fsync_dir(self.dir)   # the manifest's own directory entry
+
+    def entries(self) -> list[ChunkEntry]:
+        """The live chunks, oldest first (re-reads the manifest; a torn line is ignored)."""
+        return self._snapshot()[0]
+
+    def total_positions(self) -> int:
+        return sum(e.positions for e in self.entries())
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str) -> ChunkEntry:
+        """Commit ``games`` (each a RECORD_DTYPE array, one game's positions in order) as ONE new chunk.
+
+        Durable when it returns: the chunk is fsynced and renamed into place,
+        then its manifest line is appended and fsynced.
+        """
+        if not _SOURCE.fullmatch(source):
+            raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
+        if not isinstance(generation, int) or generation < 0:
+            raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
+        arrays = [_game_array(g) for g in games]
+        if not arrays:
+            raise ValueError("append_games needs at least one game")
+        records = np.concatenate(arrays)
+        name = f"{source}-g{generation:05d}-{uuid.uuid4().hex}.gz"
+        write_chunk(self.chunks_dir / name, records)
+        entry = ChunkEntry(name, int(records.size), len(arrays), generation, source, time.time())
+        self._append({"op": "add", **dataclasses.asdict(entry)})
+        return entry
+
+    def writer(self, *, generation: int, source: str, positions_per_chunk: int = 4096) -> "ChunkWriter":
+        """A buffer of games that commits a chunk whenever ``positions_per_chunk`` is reached."""
+        return ChunkWriter(self, generation=generation, source=source, positions_per_chunk=positions_per_chunk)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def cache_paths(self, name: str) -> tuple[Path, Path]:
+        """The decompressed copy of chunk ``name`` and its unreadable-chunk marker."""
+        stem = name[:-3] if name.endswith(".gz") else name
+        return self.cache_dir / f"{stem}.rec", self.cache_dir / f"{stem}.bad"
+
+    def prune(self, keep_positions: int) -> list[str]:
+        """Delete the oldest chunks lying wholly outside the newest ``keep_positions``; returns their names.
+
+        The removal is a ``prune`` line in the manifest (written before any file
+        goes), then the chunk files and their cache files are deleted, along
+        with cache files of chunks no longer in the manifest.
+        """
+        if keep_positions < 0:
+            raise ValueError(f"keep_positions must be >= 0, got {keep_positions}")
+        cached = [n for n in os.listdir(self.cache_dir) if not n.startswith(".")]   # before the read
+        entries = self.entries()
+        newer = 0
+        cut = 0
+        for i in range(len(entries) - 1, -1, -1):
+            if newer >= keep_positions:
+                cut = i + 1
+                break
+            newer += entries[i].positions
+        names = [e.name for e in entries[:cut]]
+        if names:
+            self._append({"op": "prune", "names": names, "time": time.time()})
+        live = {Path(e.name).stem for e in entries[cut:]}
+        for name in names:
+            try:
+                os.unlink(self.chunks_dir / name)
+            except FileNotFoundError:
+                pass
+        for file in cached:
+            if Path(file).stem not in live:
+                try:
+                    os.unlink(self.cache_dir / file)
+                except FileNotFoundError:
+                    pass
+        return names
+
+    def bad_chunks(self) -> dict[str, str]:
+        """Chunks a loader found unreadable: name -> reason (from the cache's ``.bad`` markers)."""
+        found = {}
+        for file in sorted(os.listdir(self.cache_dir)):
+            if file.endswith(".bad") and not file.startswith("."):
+                try:
+                    reason = (self.cache_dir / file).read_text(errors="replace").strip()
+                except FileNotFoundError:
+                    continue
+                found[file[:-4] + ".gz"] = reason
+        return found
+
+
+class ChunkWriter:
+    """Buffers whole games and commits them in groups (:meth:`ReplayStore.writer`).
+
+    As a context manager it commits what is buffered on exit, also when the
+    body raised (the buffered games are complete; they are not lost).
+    """
+
+    def __init__(self, store: ReplayStore, *, generation: int, source: str, positions_per_chunk: int = 4096):
+        if positions_per_chunk < 1:
+            raise ValueError(f"positions_per_chunk must be >= 1, got {positions_per_chunk}")
+        if not _SOURCE.fullmatch(source):
+            raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
+        self.store = store
+        self.generation = generation
+        self.source = source
+        self.positions_per_chunk = positions_per_chunk
+        self.committed: list[ChunkEntry] = []
+        self._games: list[np.ndarray] = []
+        self._positions = 0
+
+    @property
+    def buffered_positions(self) -> int:
+        return self._positions
+
+    def add_game(self, records: np.ndarray) -> ChunkEntry | None:
+        """Buffer one game (a copy); returns the chunk it committed, if this game filled one."""
+        game = _game_array(records).copy()
+        self._games.append(game)
+        self._positions += game.size
+        if self._positions >= self.positions_per_chunk:
+            return self.commit()
+        return None
+
+    def commit(self) -> ChunkEntry | None:
+        """Commit the buffered games as one chunk now (None when there are none)."""
+        if not self._games:
+            return None
+        entry = self.store.append_games(self._games, generation=self.generation, source=self.source)
+        self._games, self._positions = [], 0
+        self.committed.append(entry)
+        return entry
+
+    def __enter__(self) -> "ChunkWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+            return
+        try:
+            self.commit()
+        except Exception:   # the body's exception is the one to see
+            log.exception("could not commit the buffered games after an error")
+
+
+# -- the window ----------------------------------------------------------------------------
+
+
+def is_validation(name: str, percent: float) -> bool:
+    """Whether chunk ``name`` is held out: its sha256 falls in the first ``percent`` of the range.
+
+    A hash of the name (as KataGo splits by file name), so every process and
+    every run agrees without storing the split.
+    """
+    if percent <= 0:
+        return False
+    value = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return value < percent / 100.0 * 2.0**64
+
+
+def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:
+    """KataGo's window: ``total`` up to ``floor``, then ``floor + beta*(total^alpha - floor^alpha)/(alpha*floor^(alpha-1))``.
+
+    The window's slope at ``floor`` is ``beta``, and it grows as ``total^alpha``
+    after: the net trains on recent data without forgetting too fast.
+    """
+    if floor < 1:
+        raise ValueError(f"the window's floor must be >= 1 position, got {floor}")
+    if not (0 < alpha < 1) or beta <= 0:
+        raise ValueError(f"need 0 < alpha < 1 and beta > 0, got alpha={alpha}, beta={beta}")
+    if total <= floor:
+        return max(0, int(total))
+    w = floor + beta * (total**alpha - floor**alpha) / (alpha * floor ** (alpha - 1))
+    return min(int(total), int(w))
+
+
+@dataclass
+class WindowConfig:
+    """The sampling window and its limits (the ``[replay]`` section of the training config)."""
+
+    floor: int = 250_000                    # KataGo's minimum window, in positions
+    alpha: float = 0.65
+    beta: float = 0.4
+    max_samples_per_position: float = 8.0   # samples drawn per training position before the learner waits
+    val_percent: float = 5.0                # share of chunks held out for validation (by name hash)
+
+
+class DataStarved(RuntimeError):
+    """The cap would be exceeded: the learner must wait for new data (then ``refresh``)."""
+
+
+class _Window:
+    """The plan's inputs at one snapshot: the training chunks overlapping the window, oldest first.
+
+    Positions are numbered through the snapshot's training chunks in manifest
+    order; the window is ``[lo, hi)``, the newest ``hi - lo`` of them.
+    Picklable (it goes to the loader's workers).
+    """
+
+    def __init__(self, seed: int, batch_size: int, names: list[str], sizes: np.ndarray, starts: np.ndarray,
+                 lo: int, hi: int):
+        self.seed = seed
+        self.batch_size = batch_size
+        self.names = names
+        self.sizes = sizes
+        self.starts = starts
+        self.ends = starts + sizes
+        self.lo = lo
+        self.hi = hi
+
+    def draw(self, batch: int, attempt: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk index, record offset) of each position of global batch ``batch`` (redraw ``attempt``)."""
+        if self.hi <= self.lo:
+            raise DataStarved("the replay store has no training positions yet: bootstrap, import or self-play first")
+        key = [self.seed, batch] if attempt == 0 else [self.seed, batch, attempt]
+        index = np.random.default_rng(key).integers(self.lo, self.hi, size=self.batch_size)
+        chunk = np.searchsorted(self.ends, index, side="right")
+        return chunk, index - self.starts[chunk]
+
+
+class ReplaySampler:
+    """The deterministic plan of which positions batch k holds, and the cursor through it.
+
+    ``refresh()`` takes a new snapshot of the manifest; ``plan(k)`` depends only on
+    the seed, k and the snapshot.  ``advance()`` records batch ``next_batch`` as
+    consumed (the loader calls it as it hands a batch over) and raises
+    :class:`DataStarved` when that would draw more than ``max_samples_per_position``
+    times the snapshot's training positions in all.  Save :meth:`state_dict`
+    after any ``refresh`` of that step, so a resumed run uses the same snapshot.
+    """
+
+    def __init__(self, store: ReplayStore, window: WindowConfig, batch_size: int, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.store = store
+        self.window = window
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.next_batch = 0
+        self.samples_drawn = 0
+        self.chunk_samples: dict[str, int] = {}
+        self.version = 0               # bumped whenever the plan changes (new snapshot, new cursor)
+        self.snapshot_records = -1     # manifest records the snapshot replays
+        self.training_positions = 0
+        self.window_positions = 0
+        self._plan = _Window(self.seed, self.batch_size, [], np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0)
+        self.refresh()
+
+    def _use(self, entries: list[ChunkEntry], records: int) -> None:
+        train = [e for e in entries if not is_validation(e.name, self.window.val_percent)]
+        sizes = np.array([e.positions for e in train], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        total = int(ends[-1]) if sizes.size else 0
+        size = window_size(total, floor=self.window.floor, alpha=self.window.alpha, beta=self.window.beta)
+        first = int(np.searchsorted(ends, total - size, side="right"))
+        self._plan = _Window(self.seed, self.batch_size, [e.name for e in train[first:]], sizes[first:],
+                             (ends - sizes)[first:], total - size, total)
+        self.training_positions = total
+        self.window_positions = size
+        live = {e.name for e in entries}
+        self.chunk_samples = {n: c for n, c in self.chunk_samples.items() if n in live}
+        self.snapshot_records = records
+        self.version += 1
+
+    def refresh(self) -> None:
+        """Take a new snapshot of the manifest (a no-op when nothing was appended or pruned)."""
+        entries, records = self.store._snapshot()
+        if records != self.snapshot_records:
+            self._use(entries, records)
+
+    def plan(self, batch: int) -> list[tuple[str, np.ndarray]]:
+        """(chunk name, record offsets) runs of global batch ``batch``, in batch order."""
+        chunk, offsets = self._plan.draw(batch)
+        cuts = np.flatnonzero(np.diff(chunk)) + 1
+        bounds = [0, *cuts.tolist(), chunk.size]
+        return [(self._plan.names[chunk[a]], offsets[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def batches_available(self) -> int:
+        """How many more batches the cap allows on this snapshot."""
+        if self.training_positions == 0:
+            return 0
+        cap = self.window.max_samples_per_position * self.training_positions
+        if math.isinf(cap):
+            return 1 << 62
+        return max(0, int((cap - self.samples_drawn) // self.batch_size))
+
+    def starved_message(self) -> str:
+        if self.training_positions == 0:
+            return (f"{self.store.manifest} lists no training positions yet: bootstrap, import lc0 data "
+                    "or start self-play, then refresh")
+        cap = self.window.max_samples_per_position
+        return (
+            f"batch {self.next_batch} would bring the samples drawn to "
+            f"{self.samples_drawn + self.batch_size:,}, past the cap of {cap:g} per training position x "
+            f"{self.training_positions:,} positions = {cap * self.training_positions:,.0f}: wait for new "
+            "games and refresh(), or raise max_samples_per_position"
+        )
+
+    def advance(self) -> None:
+        """Count batch ``next_batch`` as drawn and move on; DataStarved if the cap forbids it."""
+        if self.batches_available() < 1:
+            raise DataStarved(self.starved_message())
+        chunk, _ = self._plan.draw(self.next_batch)
+        counts = np.bincount(chunk, minlength=len(self._plan.names))
+        for i in np.flatnonzero(counts):
+            name = self._plan.names[i]
+            self.chunk_samples[name] = self.chunk_samples.get(name, 0) + int(counts[i])
+        self.samples_drawn += self.batch_size
+        self.next_batch += 1
+
+    def state_dict(self) -> dict:
+        """The cursor, JSON-able: seed, next batch, snapshot size, samples drawn, per-chunk sample counts."""
+        return {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "next_batch": self.next_batch,
+            "snapshot_records": self.snapshot_records,
+            "samples_drawn": self.samples_drawn,
+            "chunk_samples": dict(self.chunk_samples),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a cursor: the same snapshot of the manifest, the same next batch."""
+        missing = {"seed", "next_batch", "snapshot_records", "samples_drawn", "chunk_samples"} - set(state)
+        if missing:
+            raise ValueError(f"replay cursor lacks {sorted(missing)}")
+        entries, records = self.store._snapshot(int(state["snapshot_records"]))
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            log.warning("replay cursor was taken with batch size %s, now %d: later batches differ from "
+                        "the run's own", state.get("batch_size"), self.batch_size)
+        self.seed = int(state["seed"])
+        self.next_batch = int(state["next_batch"])
+        self.samples_drawn = int(state["samples_drawn"])
+        self.chunk_samples = {str(k): int(v) for k, v in state["chunk_samples"].items()}
+        self._use(entries, records)
+
+
+# -- loading -------------------------------------------------------------------------------
+
+
+class Batch(NamedTuple):
+    """Torch tensors, CPU."""
+
+    planes: torch.Tensor      # float32 [n,112,8,8]
+    policy: torch.Tensor      # float32 [n,1858], -1 on illegal moves
+    wdl: torch.Tensor         # float32 [n,3]
+    plies_left: torch.Tensor  # float32 [n]
+
+
+def _to_batch(records: np.ndarray) -> Batch:
+    sample = decode_records(records)
+    return Batch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in sample))
+
+
+def _mark_bad(path: Path, reason: str) -> bool:
+    """Create marker ``path`` holding ``reason``, atomically and exclusively: True for the one process that did."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.write_text(reason + "\n")
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+class _BatchReader:
+    """Batch number -> (number, rank's Batch, new bad-chunk messages): the loader's dataset.
+
+    Runs in the worker processes; keeps each chunk it touched memory-mapped.
+    """
+
+    def __init__(self, store: ReplayStore, window: _Window, rank: int, world: int):
+        self.chunks_dir = store.chunks_dir
+        self.cache_paths = store.cache_paths
+        self.window = window
+        self.rank, self.world = rank, world
+        self._open: dict[int, np.ndarray | None] = {}
+        self._found: list[str] = []
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_open"] = {}
+        state["_found"] = []
+        return state
+
+    def _load(self, name: str, size: int) -> np.ndarray | None:
+        cache, bad = self.cache_paths(name)
+        if bad.exists():
+            return None
+        try:
+            mapped = np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
+            if len(mapped) == size and int(mapped[0]["version"]) == RECORD_VERSION:
+                return mapped
+        except (FileNotFoundError, ValueError):   # ValueError: an empty file cannot be mapped
+            pass
+        path = self.chunks_dir / name
+        try:
+            records = read_chunk(path)
+            if len(records) != size:
+                raise ChunkError(f"chunk {path} holds {len(records)} records, the manifest says {size}")
+        except (ChunkError, OSError) as exc:
+            reason = f"skipping chunk {path}: {exc}; its positions are drawn from other chunks"
+            if _mark_bad(bad, reason):
+                self._found.append(reason)
+            return None
+        try:
+            with atomic_open(cache, "wb") as f:
+                f.write(memoryview(np.ascontiguousarray(records)).cast("B"))
+        except OSError as exc:   # a full disk slows the loader down; it does not stop the learner
+            log.warning("cannot cache %s (%s): reading it from memory", cache, exc)
+            return records
+        return np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
+
+    def _chunk(self, i: int) -> np.ndarray | None:
+        if i not in self._open:
+            self._open[i] = self._load(self.window.names[i], int(self.window.sizes[i]))
+        return self._open[i]
+
+    def __getitem__(self, batch: int) -> tuple[int, Batch, list[str]]:
+        w = self.window
+        a, b = self.rank * w.batch_size // self.world, (self.rank + 1) * w.batch_size // self.world
+        chunk, offsets = w.draw(batch)
+        chunk, offsets = chunk[a:b].copy(), offsets[a:b].copy()
+        records = np.empty(b - a, dtype=RECORD_DTYPE)
+        done = np.zeros(b - a, dtype=bool)
+        for attempt in range(_MAX_REDRAWS + 1):
+            todo = np.flatnonzero(~done)
+            if not todo.size:
+                break
+            if attempt:   # positions in unreadable chunks: the same redraw whoever finds them, whenever
+                redraw_chunk, redraw_offsets = w.draw(batch, attempt)
+                chunk[todo], offsets[todo] = redraw_chunk[a + todo], redraw_offsets[a + todo]
+            for c in np.unique(chunk[todo]):
+                data = self._chunk(int(c))
+                if data is None:
+                    continue
+                rows = todo[chunk[todo] == c]
+                records[rows] = data[offsets[rows]]
+                done[rows] = True
+        else:
+            raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
+        found, self._found = self._found, []
+        return batch, _to_batch(records), found
+
+
+def _identity(item):
+    return item
+
+
+class ReplayLoader:
+    """Batches from worker processes: this rank's slice of each global batch, in batch order.
+
+    Iterating yields the batches ``sampler.next_batch``, ``+1``, ... and advances
+    the sampler as each is handed over; ``next()`` raises :class:`DataStarved`
+    when the cap is reached (call ``sampler.refresh()`` when new data came, then
+    ``next()`` again).  A new snapshot or a loaded cursor restarts the workers;
+    batches prefetched from the old plan are dropped.
+    """
+
+    def __init__(self, store: ReplayStore, sampler: ReplaySampler, *, rank: int = 0, world: int = 1,
+                 workers: int = 2, prefetch: int = 4, pin_memory: bool = False):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        if sampler.batch_size < world:
+            raise ValueError(f"batch size {sampler.batch_size} cannot be split among {world} ranks")
+        if workers < 0 or prefetch < 1:
+            raise ValueError(f"need workers >= 0 and prefetch >= 1, got {workers} and {prefetch}")
+        self.store, self.sampler = store, sampler
+        self.rank, self.world = rank, world
+        self.workers, self.prefetch, self.pin_memory = workers, prefetch, pin_memory
+        self._iter: Iterator | None = None
+        self._state: tuple[int, int] | None = None   # (sampler version, next batch) the stream follows
+        self._left = 0
+
+    def _stop(self) -> None:
+        it, self._iter = self._iter, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    def _start(self) -> None:
+        self._stop()
+        s = self.sampler
+        self._state = (s.version, s.next_batch)
+        self._left = s.batches_available()
+        if self._left == 0:
+            return
+        reader = _BatchReader(self.store, s._plan, self.rank, self.world)
+        numbers = range(s.next_batch, s.next_batch + self._left)
+        if self.workers == 0:
+            self._iter = map(reader.__getitem__, numbers)
+            return
+        context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        self._iter = iter(DataLoader(
+            reader, batch_size=None, sampler=numbers, num_workers=self.workers, collate_fn=_identity,
+            prefetch_factor=max(1, -(-self.prefetch // self.workers)), pin_memory=self.pin_memory,
+            multiprocessing_context=context,
+        ))
+
+    def __iter__(self) -> "ReplayLoader":
+        return self
+
+    def __next__(self) -> Batch:
+        s = self.sampler
+        if self._state != (s.version, s.next_batch):
+            self._start()
+        if self._left == 0 or self._iter is None:
+            raise DataStarved(s.starved_message())
+        number, batch, found = next(self._iter)
+        if number != s.next_batch:
+            raise RuntimeError(f"replay loader delivered batch {number}, expected {s.next_batch}")
+        for reason in found:
+            log.warning("%s", reason)
+        s.advance()
+        self._left -= 1
+        self._state = (s.version, s.next_batch)
+        return batch
+
+    def close(self) -> None:
+        self._stop()
+        self._state = None
+
+    def __enter__(self) -> "ReplayLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_reported: set[str] = set()
+
+
+def validation_batch(store: ReplayStore, window: WindowConfig, positions: int, seed: int = 0) -> Batch | None:
+    """A fixed sample of ``positions`` held-out positions from the newest validation chunks; None if none.
+
+    The same store contents and seed give the same sample.
+    """
+    if positions < 1:
+        raise ValueError(f"positions must be >= 1, got {positions}")
+    held_out = [e for e in store.entries() if is_validation(e.name, window.val_percent)]
+    arrays, total = [], 0
+    for entry in reversed(held_out):
+        if total >= positions:
+            break
+        try:
+            records = read_chunk(store.chunks_dir / entry.name)
+        except (ChunkError, OSError) as exc:
+            if entry.name not in _reported:
+                _reported.add(entry.name)
+                log.warning("skipping validation chunk %s: %s", entry.name, exc)
+            continue
+        arrays.append(records)
+        total += len(records)
+    if not arrays:
+        return None
+    records = np.concatenate(arrays[::-1])
+    pick = np.random.default_rng([seed]).choice(len(records), size=min(positions, len(records)), replace=False)
+    return _to_batch(records[np.sort(pick)])
+
+
+def loader_throughput(store: ReplayStore, window: WindowConfig, batch_size: int, workers: int,
+                      batches: int) -> float:
+    """Samples/s a :class:`ReplayLoader` delivers once warm (caches built, workers running)."""
+    sampler = ReplaySampler(store, dataclasses.replace(window, max_samples_per_position=math.inf), batch_size)
+    reader = _BatchReader(store, sampler._plan, 0, 1)
+    for i in range(len(sampler._plan.names)):
+        reader._chunk(i)
+    loader = ReplayLoader(store, sampler, workers=workers, prefetch=max(2, 2 * workers))
+    try:
+        next(loader)
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(loader)
+        return batches * batch_size / (time.perf_counter() - start)
+    finally:
+        loader.close()
+
+
+# -- lc0's training data -------------------------------------------------------------------
+
+
+class ImportSummary(NamedTuple):
+    files: int            # lc0 chunk files (one game each) imported
+    positions: int
+    chunks: list[ChunkEntry]
+    skipped: list[str]    # one line per file that could not be read or converted
+
+
+def _lc0_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[str, bytes | Exception]]:
+    """(label, gzip bytes or the error reading them) of every lc0 chunk under ``paths``."""
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            yield from _lc0_files(sorted(p for p in path.rglob("*") if p.is_file()))
+            continue
+        if path.name.endswith((".tar", ".tar.gz", ".tgz")):
+            try:
+                with tarfile.open(path) as tar:
+                    for member in tar:
+                        if member.isfile():
+                            f = tar.extractfile(member)
+                            yield f"{path}:{member.name}", f.read() if f else b""
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                yield str(path), exc
+            continue
+        try:
+            yield str(path), path.read_bytes()
+        except OSError as exc:
+            yield str(path), exc
+
+
+def _lc0_game(label: str, raw: bytes) -> np.ndarray:
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+            data = gz.read(_MAX_LC0_GAME_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ChunkError(f"lc0 chunk {label} cannot be read: {exc}") from exc
+    if len(data) > _MAX_LC0_GAME_BYTES:
+        raise ChunkError(f"lc0 chunk {label} holds more than {_MAX_LC0_GAME_BYTES >> 20} MiB: not one game")
+    return parse_chunk(data, f"lc0 chunk {label}")
+
+
+def import_lc0_chunks(store: ReplayStore, paths: Sequence[str | os.PathLike], *,
+                      positions_per_chunk: int = 4096) -> ImportSummary:
+    """Import lc0's training data: gzip chunk files of one game each, ``.tar`` archives of them, or folders.
+
+    V6 records of input format 1 are taken as they are, format 2 converted
+    (:func:`trainer.records.to_classical`); any other file is skipped with one
+    log line naming it.  Committed in groups as source ``"lc0"``, generation 0.
+    """
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no such lc0 data file or folder: {path}")
+    files = positions = 0
+    skipped: list[str] = []
+    with store.writer(generation=0, source="lc0", positions_per_chunk=positions_per_chunk) as writer:
+        for label, raw in _lc0_files(paths):
+            try:
+                if isinstance(raw, Exception):
+                    raise ChunkError(f"lc0 data {label} cannot be read: {raw}")
+                game = _lc0_game(label, raw)
+            except ChunkError as exc:
+                log.warning("skipping %s", exc)
+                skipped.append(str(exc))
+                continue
+            writer.add_game(game)
+            files += 1
+            positions += len(game)
+    return ImportSummary(files, positions, list(writer.committed), skipped)
