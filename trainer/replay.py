@@ -34,6 +34,7 @@ deterministically, from other chunks.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import gzip
 import hashlib
@@ -50,6 +51,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
@@ -95,6 +97,8 @@ _CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.gz")
 _SOURCE = re.compile(r"[A-Za-z0-9_]+")
 # Redraws of a position whose chunk is unreadable before giving up (all of the window unreadable).
 _MAX_REDRAWS = 64
+# Memory maps a loader worker keeps open (each holds a file descriptor).
+_MAX_OPEN_CHUNKS = 256
 # One lc0 game is at most a few MB of records; more is not a game (or a gzip bomb).
 _MAX_LC0_GAME_BYTES = 64 << 20
 
@@ -500,9 +504,16 @@ class ReplaySampler:
         self.snapshot_records = records
         self.version += 1
 
-    def refresh(self) -> None:
-        """Take a new snapshot of the manifest (a no-op when nothing was appended or pruned)."""
-        entries, records = self.store._snapshot()
+    def refresh(self, records: int | None = None) -> None:
+        """Take a new snapshot of the manifest (a no-op when nothing was appended or pruned).
+
+        ``records`` takes the snapshot of the manifest's first ``records`` records
+        instead of all of them: DDP ranks refresh to the ``snapshot_records`` that
+        rank 0 broadcasts, so that they all plan from the same snapshot.
+        """
+        if records is not None and records == self.snapshot_records:
+            return
+        entries, records = self.store._snapshot(records)
         if records != self.snapshot_records:
             self._use(entries, records)
 
@@ -590,6 +601,12 @@ def _to_batch(records: np.ndarray) -> Batch:
     return Batch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in sample))
 
 
+def _is_transient(exc: BaseException) -> bool:
+    """An OS error such as too many open files, which says nothing about the chunk's bytes."""
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    return isinstance(cause, OSError) and cause.errno not in (None, errno.ENOENT, errno.EIO)
+
+
 def _mark_bad(path: Path, reason: str) -> bool:
     """Create marker ``path`` holding ``reason``, atomically and exclusively: True for the one process that did."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
@@ -618,12 +635,13 @@ class _BatchReader:
         self.cache_paths = store.cache_paths
         self.window = window
         self.rank, self.world = rank, world
-        self._open: dict[int, np.ndarray | None] = {}
+        self._open: OrderedDict[int, np.ndarray] = OrderedDict()   # least recently used first
+        self._bad: set[int] = set()
         self._found: list[str] = []
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_open"] = {}
+        state["_open"] = OrderedDict()
         state["_found"] = []
         return state
 
@@ -643,6 +661,8 @@ class _BatchReader:
             if len(records) != size:
                 raise ChunkError(f"chunk {path} holds {len(records)} records, the manifest says {size}")
         except (ChunkError, OSError) as exc:
+            if _is_transient(exc):   # the system's trouble, not the chunk's: never mark good data bad
+                raise
             reason = f"skipping chunk {path}: {exc}; its positions are drawn from other chunks"
             if _mark_bad(bad, reason):
                 self._found.append(reason)
@@ -656,9 +676,20 @@ class _BatchReader:
         return np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
 
     def _chunk(self, i: int) -> np.ndarray | None:
-        if i not in self._open:
-            self._open[i] = self._load(self.window.names[i], int(self.window.sizes[i]))
-        return self._open[i]
+        if i in self._bad:
+            return None
+        data = self._open.get(i)
+        if data is not None:
+            self._open.move_to_end(i)
+            return data
+        data = self._load(self.window.names[i], int(self.window.sizes[i]))
+        if data is None:
+            self._bad.add(i)
+            return None
+        self._open[i] = data
+        if len(self._open) > _MAX_OPEN_CHUNKS:   # each map holds a file descriptor
+            self._open.popitem(last=False)
+        return data
 
     def __getitem__(self, batch: int) -> tuple[int, Batch, list[str]]:
         w = self.window
