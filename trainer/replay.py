@@ -58,7 +58,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from engine.files import atomic_open, fsync_dir
 from trainer.records import (
@@ -156,7 +156,7 @@ class ReplayStore:
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._offset = 0                            # bytes of the manifest parsed so far
-        self._ops: list[tuple[str, object]] = []    # ("add", ChunkEntry) | ("prune", [names])
+        self._ops: list[ChunkEntry | list[str]] = []   # the log's records: an added chunk, pruned names
         self._live: dict[str, ChunkEntry] = {}      # the log replayed to its end, oldest first
 
     # -- the manifest log ------------------------------------------------------------------
@@ -191,11 +191,11 @@ class ReplayStore:
                 op = obj["op"]
                 if op == "add":
                     entry = _entry_from(obj)
-                    self._ops.append(("add", entry))
+                    self._ops.append(entry)
                     self._live.setdefault(entry.name, entry)
                 elif op == "prune":
                     names = [str(n) for n in obj["names"]]
-                    self._ops.append(("prune", names))
+                    self._ops.append(names)
                     for name in names:
                         self._live.pop(name, None)
                 else:
@@ -215,11 +215,11 @@ class ReplayStore:
                     f"at {records}: this is not the run the checkpoint came from, or its manifest was lost"
                 )
             live: dict[str, ChunkEntry] = {}
-            for op, arg in self._ops[:records]:
-                if op == "add":
-                    live.setdefault(arg.name, arg)  # type: ignore[union-attr]
+            for op in self._ops[:records]:
+                if isinstance(op, ChunkEntry):
+                    live.setdefault(op.name, op)
                 else:
-                    for name in arg:  # type: ignore[union-attr]
+                    for name in op:
                         live.pop(name, None)
             return list(live.values()), records
 
@@ -401,8 +401,10 @@ def is_validation(name: str, percent: float) -> bool:
 
 
 def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:
-    """KataGo's window: ``total`` up to ``floor``, then ``floor + beta*(total^alpha - floor^alpha)/(alpha*floor^(alpha-1))``.
+    """KataGo's window of the newest positions out of ``total``.
 
+    ``W = total`` up to ``floor``, then
+    ``W = floor + beta * (total^alpha - floor^alpha) / (alpha * floor^(alpha - 1))``.
     The window's slope at ``floor`` is ``beta``, and it grows as ``total^alpha``
     after: the net trains on recent data without forgetting too fast.
     """
@@ -624,7 +626,7 @@ def _mark_bad(path: Path, reason: str) -> bool:
             pass
 
 
-class _BatchReader:
+class _BatchReader(Dataset):
     """Batch number -> (number, rank's Batch, new bad-chunk messages): the loader's dataset.
 
     Runs in the worker processes; keeps each chunk it touched memory-mapped.
@@ -669,7 +671,7 @@ class _BatchReader:
             return None
         try:
             with atomic_open(cache, "wb") as f:
-                f.write(memoryview(np.ascontiguousarray(records)).cast("B"))
+                f.write(records.tobytes())
         except OSError as exc:   # a full disk slows the loader down; it does not stop the learner
             log.warning("cannot cache %s (%s): reading it from memory", cache, exc)
             return records
@@ -861,12 +863,16 @@ class ImportSummary(NamedTuple):
     skipped: list[str]    # one line per file that could not be read or converted
 
 
+_LC0_SUFFIXES = (".gz", ".tar", ".tgz")
+
+
 def _lc0_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[str, bytes | Exception]]:
     """(label, gzip bytes or the error reading them) of every lc0 chunk under ``paths``."""
     for path in paths:
         path = Path(path)
         if path.is_dir():
-            yield from _lc0_files(sorted(p for p in path.rglob("*") if p.is_file()))
+            found = (p for p in path.rglob("*") if p.is_file() and p.name.endswith(_LC0_SUFFIXES))
+            yield from _lc0_files(sorted(found))
             continue
         if path.name.endswith((".tar", ".tar.gz", ".tgz")):
             try:
@@ -898,6 +904,8 @@ def _lc0_game(label: str, raw: bytes) -> np.ndarray:
 def import_lc0_chunks(store: ReplayStore, paths: Sequence[str | os.PathLike], *,
                       positions_per_chunk: int = 4096) -> ImportSummary:
     """Import lc0's training data: gzip chunk files of one game each, ``.tar`` archives of them, or folders.
+
+    A folder is searched for ``*.gz``, ``*.tar`` and ``*.tgz`` files, in name order.
 
     V6 records of input format 1 are taken as they are, format 2 converted
     (:func:`trainer.records.to_classical`); any other file is skipped with one
