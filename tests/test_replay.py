@@ -365,6 +365,23 @@ def test_prune_drops_the_oldest_chunks_outside_the_kept_positions(tmp_path):
         store.prune(-1)
 
 
+def test_prune_clears_what_killed_processes_left_after_an_hour(tmp_path):
+    store = ReplayStore(tmp_path)
+    kept = _fill(store, [10])[0]
+    leftovers = [store.chunks_dir / ".selfplay-g00001-x.gz.tmp-1-ab", store.chunks_dir / "selfplay-g00001-y.gz",
+                 store.cache_dir / ".selfplay-g00001-z.rec.tmp-1-cd"]   # the last: a chunk never listed
+    for path in leftovers:
+        path.write_bytes(b"x")
+    young = store.chunks_dir / "selfplay-g00001-young.gz"   # may be a chunk whose line is on its way
+    young.write_bytes(b"x")
+    for path in leftovers:
+        os.utime(path, (1e9, 1e9))
+    os.utime(store.chunks_dir / kept.name, (1e9, 1e9))
+    assert store.prune(100) == []
+    assert sorted(os.listdir(store.chunks_dir)) == sorted([kept.name, young.name])
+    assert os.listdir(store.cache_dir) == []
+
+
 def _lc0_bytes(records):
     return gzip.compress(records.tobytes())
 

@@ -99,6 +99,8 @@ _SOURCE = re.compile(r"[A-Za-z0-9_]+")
 _MAX_REDRAWS = 64
 # Memory maps a loader worker keeps open (each holds a file descriptor).
 _MAX_OPEN_CHUNKS = 256
+# Age after which prune removes what a killed process left (temp files, chunks never listed).
+_STALE_S = 3600.0
 # One lc0 game is at most a few MB of records; more is not a game (or a gzip bomb).
 _MAX_LC0_GAME_BYTES = 64 << 20
 
@@ -287,11 +289,16 @@ class ReplayStore:
 
         The removal is a ``prune`` line in the manifest (written before any file
         goes), then the chunk files and their cache files are deleted, along
-        with cache files of chunks no longer in the manifest.
+        with cache files of chunks no longer in the manifest.  Leftovers of
+        killed processes older than an hour go too: temporary files, and chunk
+        files whose manifest line was never written.
         """
         if keep_positions < 0:
             raise ValueError(f"keep_positions must be >= 0, got {keep_positions}")
         cached = [n for n in os.listdir(self.cache_dir) if not n.startswith(".")]   # before the read
+        stale = time.time() - _STALE_S
+        old_files = [d / n for d in (self.chunks_dir, self.cache_dir) for n in os.listdir(d)
+                     if _mtime(d / n) < stale]
         entries = self.entries()
         newer = 0
         cut = 0
@@ -309,12 +316,15 @@ class ReplayStore:
                 os.unlink(self.chunks_dir / name)
             except FileNotFoundError:
                 pass
-        for file in cached:
-            if Path(file).stem not in live:
-                try:
-                    os.unlink(self.cache_dir / file)
-                except FileNotFoundError:
-                    pass
+        listed = {e.name for e in entries}
+        doomed = [self.cache_dir / f for f in cached if Path(f).stem not in live]
+        doomed += [p for p in old_files
+                   if p.name.startswith(".") or (p.parent == self.chunks_dir and p.name not in listed)]
+        for path in doomed:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         return names
 
     def bad_chunks(self) -> dict[str, str]:
@@ -328,6 +338,13 @@ class ReplayStore:
                     continue
                 found[file[:-4] + ".gz"] = reason
         return found
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return math.inf
 
 
 class ChunkWriter:
