@@ -1,9 +1,11 @@
-"""The ``cyzero-train`` command.
+"""The ``cyzero-train`` command: one subcommand per job.
 
-``cyzero-train export ...`` exports a network to ONNX (see :func:`export_main`); the
-training daemon itself is not built yet. Results go to stdout, progress and errors
-to stderr. The torch-only modules are imported after the arguments are parsed, so
-that an engine-only install (no torch) gets a message saying what to install.
+``learn`` (the DDP learner), ``bootstrap`` (supervised data from a teacher engine,
+PGN or lc0 chunks), ``status`` and ``plot`` (what a run is doing), ``bench train``
+and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+modules are imported after the arguments are parsed, so that ``--help`` is quick and
+an engine-only install (no torch) gets a message saying what to install. The run
+directory's layout is in ``docs/training.md``.
 """
 
 import argparse
@@ -54,6 +56,66 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--positions", type=int, default=256,
                      help="positions to compare each export with PyTorch on (default 256)")
     exp.add_argument("--json", action="store_true", help="print the reports as one JSON list and nothing else")
+    learn = sub.add_parser(
+        "learn",
+        help="train on the run's replay store (DDP: one process per device), checkpointing and exporting ONNX",
+        description=(
+            "Train the run's network on RUN/replay with one process per device (gloo on CPU, nccl on "
+            "CUDA). Every checkpoint_every steps rank 0 writes a checkpoint and an ONNX generation. "
+            "Running the same command again resumes at the last checkpoint. Under torchrun each "
+            "process is one rank and --devices is ignored (see docs/training.md)."
+        ),
+    )
+    learn.add_argument("run_dir", metavar="RUN_DIR")
+    learn.add_argument("--devices", default="cpu:1",
+                       help="cpu:N (N gloo processes) or cuda:0,1,... (one nccl process per GPU); default cpu:1")
+    learn.add_argument("--steps", type=int, default=None,
+                       help="stop after this many steps in all (default: until the data runs out)")
+    learn.add_argument("--config", metavar="TOML",
+                       help="training config; copied to RUN/config.toml on the first start "
+                            "(default: RUN/config.toml, or the documented defaults)")
+    learn.add_argument("--follow", action="store_true",
+                       help="wait for new data instead of stopping when the sampling cap is reached")
+    learn.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    boot = sub.add_parser(
+        "bootstrap",
+        help="supervised data for a first network: a teacher engine's labels, PGN games or lc0 chunks",
+        description=(
+            "Write V6 training records into RUN/replay from one of three sources: --teacher (a UCI "
+            "engine plays itself from randomised openings and labels every position with its WDL and "
+            "MultiPV), --pgn (game records: the played move and the result) or --lc0 (lc0's training "
+            "chunks or .tar archives of them). Resumable: running it again adds only what is missing."
+        ),
+    )
+    boot.add_argument("run_dir", metavar="RUN_DIR")
+    source = boot.add_mutually_exclusive_group(required=True)
+    source.add_argument("--teacher", metavar="CMD", nargs="?", const="stockfish",
+                        help="teacher engine command (default when given bare: Debian's stockfish)")
+    source.add_argument("--pgn", metavar="FILE", nargs="+", help="PGN files")
+    source.add_argument("--lc0", metavar="FILE", nargs="+", help="lc0 training chunks (.gz) or .tar archives")
+    boot.add_argument("--positions", type=int, help="(--teacher) positions to reach in all")
+    boot.add_argument("--workers", type=int, default=None, help="(--teacher) teacher processes (default: cores)")
+    boot.add_argument("--depth", type=int, default=None, help="(--teacher) search depth per position")
+    boot.add_argument("--multipv", type=int, default=None, help="(--teacher) moves scored per position")
+    boot.add_argument("--syzygy", metavar="DIR", default=None, help="(--teacher) Syzygy tablebases for adjudication")
+    boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed")
+    boot.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    status = sub.add_parser("status", help="the run's data, window, checkpoint, network and last losses",
+                            description="Print the state of a run directory (works while it runs).")
+    status.add_argument("run_dir", metavar="RUN_DIR")
+    status.add_argument("--json", action="store_true", help="print it as JSON")
+
+    plot = sub.add_parser("plot", help="PNG charts of the run's losses, learning rate and validation metrics",
+                          description="Write PNG charts of RUN/metrics.jsonl to RUN/plots (or --out).")
+    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
+
+    bench = sub.add_parser("bench", help="trainer benchmarks (bench train)",
+                           description="Benchmarks of the training system, measured side by side in one run.")
+    bench.add_argument("what", choices=["train"], help="train: learner, raw step and loader samples/s")
+    bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
 
@@ -183,20 +245,93 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
+
+def learn_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from trainer.learner import learn
+
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return learn(args.run_dir, devices=args.devices, steps=args.steps, config_path=args.config,
+                 follow=args.follow, progress=not args.no_progress)
+
+
+def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import shlex
+
+    from trainer import bootstrap
+
+    if args.teacher is not None:
+        if args.positions is None or args.positions < 1:
+            parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
+        options = {k: getattr(args, k) for k in ("workers", "depth", "multipv") if getattr(args, k) is not None}
+        summary = bootstrap.bootstrap_teacher(
+            args.run_dir, teacher=shlex.split(args.teacher), positions=args.positions, syzygy=args.syzygy,
+            seed=args.seed, progress=not args.no_progress, **options)
+    elif args.pgn:
+        summary = bootstrap.bootstrap_pgn(args.run_dir, args.pgn, progress=not args.no_progress)
+    else:
+        from trainer.replay import ReplayStore, import_lc0_chunks
+
+        summary = import_lc0_chunks(ReplayStore(args.run_dir), args.lc0)
+    print(summary)
+    return 0
+
+
+def status_main(args: argparse.Namespace) -> int:
+    from trainer.report import format_status, run_status
+
+    status = run_status(args.run_dir)
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return 0
+
+
+def plot_main(args: argparse.Namespace) -> int:
+    from trainer.report import plot_run
+
+    for path in plot_run(args.run_dir, args.out):
+        print(path)
+    return 0
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    from trainer.bench import bench_train
+
+    figures = bench_train(print_report=not args.json)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    return 0
+
+
+_COMMANDS = {
+    "learn": learn_main,
+    "bootstrap": bootstrap_main,
+    "export": export_main,
+    "status": lambda args, parser: status_main(args),
+    "plot": lambda args, parser: plot_main(args),
+    "bench": lambda args, parser: bench_main(args),
+}
+
+
 def main(argv=None) -> int:
     """Run ``cyzero-train``; returns the process exit code."""
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        print("cyzero-train: the training daemon is not built yet; "
-              "`cyzero-train export` writes ONNX networks (see --help)", file=sys.stderr)
+        parser.print_help(sys.stderr)
         return 2
     missing = _missing_training_module()
     if missing:
         print(f"cyzero-train {args.command}: needs {missing}, which an engine-only install leaves out; "
               f"{TRAIN_EXTRA_HINT}", file=sys.stderr)
         return 2
-    return export_main(args, parser)
+    try:
+        return _COMMANDS[args.command](args, parser)
+    except KeyboardInterrupt:
+        print(f"cyzero-train {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as exc:  # bad input or a file problem: one line, no traceback
+        print(f"cyzero-train {args.command}: error: {_one_line(exc, 500)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
