@@ -417,6 +417,7 @@ def test_import_lc0_chunks_converts_format_2_and_refuses_canonical_formats(tmp_p
         summary.skipped[0]
     assert "training.4.gz" in summary.skipped[1]
     entries = store.entries()
+    assert str(summary) == "imported 4 lc0 games (19 positions) into 2 chunks; skipped 2 files"
     assert entries == summary.chunks and [e.positions for e in entries] == [12, 7]
     assert all(e.source == "lc0" and e.generation == 0 for e in entries)
     assert [e.games for e in entries] == [2, 2]

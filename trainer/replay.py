@@ -9,12 +9,13 @@ Layout under the run directory (see ``docs/architecture.md``)::
 
 Writing: a group of games becomes one chunk (temp name, fsync, rename), then one
 manifest line ``{"op": "add", ...}`` is appended under ``flock`` with ``O_APPEND``
-and fsynced: one chunk and two fsyncs per group, however many games, and the
-games are durable (the daemon may acknowledge them) when :meth:`ReplayStore.append_games`
-returns.  Several writer processes may append while readers read.  A writer
-killed mid-line leaves a torn line: readers skip it and the next writer starts
-a new line.  Retention appends ``{"op": "prune", "names": [...]}`` instead of
-rewriting the log.
+and fsynced: one chunk and three fsyncs (the chunk, its folder, the manifest)
+per group, however many games.  The games are durable (the daemon may
+acknowledge them) when :meth:`ReplayStore.append_games` returns.  Several
+writer processes may append while readers read.  A writer killed mid-line
+leaves a torn line: readers skip it and the next writer starts a new line.
+Retention appends ``{"op": "prune", "names": [...]}`` instead of rewriting the
+log.
 
 Sampling (KataGo's shuffle rule): the window is the newest ``window_size(N)``
 training positions of a snapshot of the manifest; batch ``k`` draws its
@@ -28,7 +29,8 @@ Loading: worker processes read planned positions from memory-mapped
 decompressed copies of the chunks and decode them with the vectorised
 :func:`trainer.records.decode_records`.  A chunk that cannot be read is marked
 once (``NAME.bad``, one log line naming it) and its positions are redrawn,
-deterministically, from other chunks.
+deterministically, from other chunks.  lc0's own training data comes in
+through :func:`import_lc0_chunks`.
 """
 
 from __future__ import annotations
@@ -878,6 +880,10 @@ class ImportSummary(NamedTuple):
     positions: int
     chunks: list[ChunkEntry]
     skipped: list[str]    # one line per file that could not be read or converted
+
+    def __str__(self) -> str:
+        return (f"imported {self.files:,} lc0 games ({self.positions:,} positions) into {len(self.chunks)} "
+                f"chunks; skipped {len(self.skipped)} files")
 
 
 _LC0_SUFFIXES = (".gz", ".tar", ".tgz")
