@@ -283,8 +283,7 @@ class ReplayStore:
 
     def cache_paths(self, name: str) -> tuple[Path, Path]:
         """The decompressed copy of chunk ``name`` and its unreadable-chunk marker."""
-        stem = name[:-3] if name.endswith(".gz") else name
-        return self.cache_dir / f"{stem}.rec", self.cache_dir / f"{stem}.bad"
+        return _cache_paths(self.cache_dir, name)
 
     def prune(self, keep_positions: int) -> list[str]:
         """Delete the oldest chunks lying wholly outside the newest ``keep_positions``; returns their names.
@@ -340,6 +339,11 @@ class ReplayStore:
                     continue
                 found[file[:-4] + ".gz"] = reason
         return found
+
+
+def _cache_paths(cache_dir: Path, name: str) -> tuple[Path, Path]:
+    stem = name[:-3] if name.endswith(".gz") else name
+    return cache_dir / f"{stem}.rec", cache_dir / f"{stem}.bad"
 
 
 def _mtime(path: Path) -> float:
@@ -653,7 +657,7 @@ class _BatchReader(Dataset):
 
     def __init__(self, store: ReplayStore, window: _Window, rank: int, world: int):
         self.chunks_dir = store.chunks_dir
-        self.cache_paths = store.cache_paths
+        self.cache_dir = store.cache_dir
         self.window = window
         self.rank, self.world = rank, world
         self._open: OrderedDict[int, np.ndarray] = OrderedDict()   # least recently used first
@@ -667,7 +671,7 @@ class _BatchReader(Dataset):
         return state
 
     def _load(self, name: str, size: int) -> np.ndarray | None:
-        cache, bad = self.cache_paths(name)
+        cache, bad = _cache_paths(self.cache_dir, name)
         if bad.exists():
             return None
         try:
