@@ -6,21 +6,36 @@ GPU paths (nccl, mixed precision) are marked ``gpu`` and skip with the reason sh
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
 import os
+import random
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import threading
+import time
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from engine.board import Board
 from engine.encoding import PLANES, POLICY_SIZE
-from trainer.config import LossConfig, OptimizerConfig, default_config
+from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, load_config, to_toml
 from trainer.learner import (
-    WeightAverager, compute_losses, evaluate, lr_at, make_optimizer, policy_cross_entropy, train_step,
+    EXIT_HOOK_ENV, WeightAverager, checkpoint_path, compute_losses, evaluate, learn, list_checkpoints, lr_at,
+    make_optimizer, policy_cross_entropy, train_step,
 )
 from trainer.model import NetConfig, NetOutput, build_net
+from trainer.records import RECORD_DTYPE, Eval, make_record
+from trainer.replay import ReplaySampler, ReplayStore, WindowConfig, is_validation
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -209,3 +224,219 @@ def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path):
             assert torch.allclose(ranks[0][name], param.detach(), atol=1e-5, rtol=1e-4), (kind, name)
         moved = max((p.detach() - start[n]).abs().max().item() for n, p in net.named_parameters())
         assert moved > 1e-3  # the comparison is not between untouched weights
+
+
+# --------------------------------------------------------------------------- runs on a replay store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = """
+[model]
+net = "1x8"
+[optimizer]
+lr = 0.05
+warmup_steps = 2
+[train]
+batch_size = 16
+checkpoint_every = 4
+keep_checkpoints = 2
+[replay]
+floor = 100000
+val_percent = 30
+workers = 0
+validation_positions = 48
+[log]
+interval = 2
+"""
+
+
+def random_game(rng: random.Random) -> np.ndarray:
+    """A random game's records: a few legal moves per position with random visit shares."""
+    board = Board()
+    records = []
+    length = rng.randrange(12, 40)
+    for ply in range(length):
+        moves = sorted(board.legal_moves())
+        if not moves or board.is_game_over():
+            break
+        visits = {m: rng.random() + 0.01 for m in rng.sample(moves, min(len(moves), 4))}
+        played = rng.choice(sorted(visits))
+        q = rng.choice((-1.0, 0.0, 1.0))
+        records.append(make_record(board, visits, result_q=q, result_d=1.0 - abs(q), plies_left=float(length - ply),
+                                   played=played, root=Eval(0.0, 0.5, 20.0)))
+        board.push_uci(played)
+    return np.array(records, dtype=RECORD_DTYPE)
+
+
+def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0):
+    """A run folder with RUN/config.toml and a store of at least 2 validation and 4 training chunks
+    (which chunks are held out depends on their random names, so keep adding until both are there)."""
+    path = str(path)
+    store = ReplayStore(path)
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        f.write(config)
+    val_percent = load_config(os.path.join(path, CONFIG_FILE)).replay.val_percent
+    rng = random.Random(seed)
+    for _ in range(200):
+        names = [e.name for e in store.entries()]
+        held = sum(is_validation(n, val_percent) for n in names)
+        if held >= 2 and len(names) - held >= 4:
+            return path
+        store.append_games([game(rng) for _ in range(games_per_chunk)], generation=0, source="test")
+    raise AssertionError("could not make a store with both validation and training chunks")
+
+
+def run_learn(run, **kw) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    code = learn(run, progress=False, log=lines.append, **kw)
+    return code, lines
+
+
+def test_learn_writes_checkpoints_networks_generations_and_metrics(tmp_path):
+    from engine.network import Network
+    from trainer.atomic import verify_sha256
+    from trainer.model import load_net
+
+    run = make_run(tmp_path / "run")
+    code, lines = run_learn(run, steps=10)
+    assert code == 0, lines
+    assert [s for s, _ in list_checkpoints(run)] == [8, 10]  # keep_checkpoints = 2
+    final = torch.load(checkpoint_path(run, 10), weights_only=True)
+    assert final["step"] == 10 and final["generation"] == 3
+    assert final["sampler"]["next_batch"] == 10 and final["sampler"]["samples_drawn"] == 160
+    assert final["train_config"] == load_config(os.path.join(run, CONFIG_FILE)).to_dict()
+    assert load_net(final).config.name == "1x8"  # what `cyzero-train export --checkpoint` reads
+    assert final["average"]["kind"] == "ema" and final["optimizer"]["state"]
+
+    generations = [json.loads(line) for line in open(os.path.join(run, "generations.jsonl"))]
+    assert [(g["generation"], g["step"]) for g in generations] == [(1, 4), (2, 8), (3, 10)]
+    for g in generations:
+        path = os.path.join(run, g["onnx"])
+        assert verify_sha256(path) and g["sha256"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
+        assert g["weights"] in ("raw", "ema")
+        assert set(g["val"]) == {"policy_top1", "policy_ce", "value_ce", "moves_left", "total"}
+        other = "ema" if g["weights"] == "raw" else "raw"
+        assert g[f"val_{other}"]["total"] >= g["val"]["total"]  # the export is the better of the two
+    net = Network(os.path.join(run, generations[-1]["onnx"]), backend="cpu")
+    policy, wdl, mlh = net.evaluate(np.zeros((2, PLANES, 8, 8), np.float32))
+    assert policy.shape == (2, POLICY_SIZE) and np.allclose(wdl.sum(1), 1, atol=1e-5)
+    assert mlh is not None and len(mlh) == 2
+
+    metrics = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    assert [m["step"] for m in metrics] == [2, 4, 6, 8, 10]
+    for m in metrics:
+        for key in ("loss_policy", "loss_value", "loss_moves_left", "loss_total", "lr", "window", "generation",
+                    "val_policy_top1", "val_policy_ce", "val_value_ce", "val_moves_left"):
+            assert math.isfinite(m[key]), key
+    assert metrics[0]["lr"] == pytest.approx(0.05) and metrics[-1]["generation"] == 2
+    assert metrics[0]["window"] == ReplaySampler(ReplayStore(run), WindowConfig(floor=100000, val_percent=30),
+                                                 16).window_positions
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run, "tensorboard")))
+
+    # The same command again has nothing left to do; a longer one continues from step 10.
+    code, lines = run_learn(run, steps=10)
+    assert code == 0 and "already at step 10" in lines[-1]
+    code, lines = run_learn(run, steps=12)
+    assert code == 0 and any("resuming at step 10" in ln for ln in lines)
+    assert [s for s, _ in list_checkpoints(run)] == [10, 12]
+
+
+def test_sigkill_mid_run_resumes_at_the_checkpoint_step_and_cursor(tmp_path, caplog):
+    config = TINY.replace("workers = 0", "workers = 1")
+    run = make_run(tmp_path / "run", config)
+    twin = str(tmp_path / "twin")
+    shutil.copytree(run, twin)
+    code = ("import sys; from trainer.learner import learn; "
+            "sys.exit(learn(sys.argv[1], steps=10, progress=False))")
+    env = {**os.environ, EXIT_HOOK_ENV: "0:6:kill"}  # SIGKILL itself after step 6 (checkpoint at 4)
+    proc = subprocess.run([sys.executable, "-c", code, run], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [s for s, _ in list_checkpoints(run)] == [4]
+    # A newer checkpoint cut short (say, a copy that failed) is skipped with a line naming it.
+    whole = open(checkpoint_path(run, 4), "rb").read()
+    with open(checkpoint_path(run, 5), "wb") as f:
+        f.write(whole[: len(whole) // 2])
+
+    caplog.set_level(logging.WARNING, logger="cyzero.replay")
+    code, lines = run_learn(run, steps=10)
+    assert code == 0, lines
+    assert any("skipping damaged checkpoint" in ln and "step-00000005.pt" in ln for ln in lines)
+    assert any("resuming at step 4" in ln for ln in lines)
+    code, twin_lines = run_learn(twin, steps=10)
+    assert code == 0, twin_lines
+
+    resumed = torch.load(checkpoint_path(run, 10), weights_only=True)
+    straight = torch.load(checkpoint_path(twin, 10), weights_only=True)
+    assert resumed["sampler"] == straight["sampler"]
+    assert resumed["generation"] == straight["generation"] == 3
+    for key, value in straight["model"].items():
+        assert torch.allclose(resumed["model"][key].float(), value.float(), atol=1e-6), key
+    for key, value in straight["average"]["weights"].items():
+        assert torch.allclose(resumed["average"]["weights"][key].float(), value.float(), atol=1e-6), key
+    assert ReplayStore(run).bad_chunks() == {}
+    assert not [r for r in caplog.records if "skipping chunk" in r.getMessage()]
+
+
+def test_a_rank_that_dies_takes_the_group_down_with_a_clear_message(tmp_path, monkeypatch, capfd):
+    run = make_run(tmp_path / "run", TINY.replace("checkpoint_every = 4", "checkpoint_every = 2"))
+    monkeypatch.setenv(EXIT_HOOK_ENV, "1:3")
+    code, lines = run_learn(run, devices="cpu:2", steps=6)
+    assert code == 1
+    assert "rank 1 exited with code 3" in lines[-1] and "running the same command again" in lines[-1]
+    monkeypatch.delenv(EXIT_HOOK_ENV)
+    capfd.readouterr()
+    code, lines = run_learn(run, devices="cpu:2", steps=6)
+    assert code == 0, lines
+    assert "resuming at step 2" in capfd.readouterr().err
+    assert list_checkpoints(run)[-1][0] == 6
+
+
+def test_starved_learner_stops_cleanly_or_waits_with_follow(tmp_path):
+    run = make_run(tmp_path / "run", TINY.replace("[replay]\n", "[replay]\nmax_samples_per_position = 0.5\n"))
+    train = ReplaySampler(ReplayStore(run), WindowConfig(floor=100000, val_percent=30), 16).training_positions
+    cap = int(0.5 * train) // 16
+    code, lines = run_learn(run, steps=1000)
+    assert code == 0
+    assert any(f"stopping at step {cap}" in ln for ln in lines)
+    assert list_checkpoints(run)[-1][0] == cap  # the final checkpoint is written all the same
+
+    # With follow it waits, and goes on once new games arrive.
+    cfg = load_config(os.path.join(run, CONFIG_FILE)).replace(train={"starved_poll_s": 0.1})
+    path = tmp_path / "follow.toml"
+    path.write_text(to_toml(cfg))
+    lines: list[str] = []
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(
+        learn(run, steps=cap + 3, config_path=path, follow=True, progress=False, log=lines.append)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not any("waiting for new data" in ln for ln in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("waiting for new data" in ln for ln in lines)
+    rng = random.Random(99)
+    store = ReplayStore(run)
+    while ReplaySampler(store, WindowConfig(floor=100000, val_percent=30, max_samples_per_position=0.5),
+                        16).batches_available() < cap + 3:
+        store.append_games([random_game(rng) for _ in range(3)], generation=1, source="test")
+    thread.join(60)
+    assert result == [0] and list_checkpoints(run)[-1][0] == cap + 3
+
+
+def test_bad_starts_are_one_line_errors(tmp_path):
+    run = make_run(tmp_path / "run")
+    assert run_learn(run, steps=2)[0] == 0
+    bigger = tmp_path / "bigger.toml"
+    bigger.write_text(TINY.replace('net = "1x8"', 'net = "2x8"'))
+    code, lines = run_learn(run, steps=4, config_path=bigger)
+    assert code == 2 and "model.net" in lines[-1] and "shape" in lines[-1]
+    code, lines = run_learn(run, steps=4, devices="gpu:1")
+    assert code == 2 and "--devices" in lines[-1]
+    code, lines = run_learn(run, steps=4, devices="cpu:3")
+    assert code == 2 and "not a multiple of the 3 ranks" in lines[-1]
+    import fcntl
+
+    with open(os.path.join(run, "learner.lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, lines = run_learn(run, steps=4)
+    assert code == 2 and "another learner is running" in lines[-1]

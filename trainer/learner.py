@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -68,7 +69,8 @@ GENERATIONS_FILE = "generations.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 LOCK_FILE = "learner.lock"
 CHECKPOINT_FORMAT = 1
-#: Fault injection for the tests: "RANK:STEP" makes that rank exit (code 3) right after that step.
+#: Fault injection for the tests: "RANK:STEP" makes that rank exit with code 3 right after that
+#: step, "RANK:STEP:kill" makes it SIGKILL itself there (no cleanup of any kind).
 EXIT_HOOK_ENV = "CYZERO_LEARNER_TEST_EXIT"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _EXPORT_CHECK_POSITIONS = 64
@@ -619,29 +621,30 @@ class _Learner:
             self._export_generation()
 
     def _checkpoint(self) -> None:
-        """Checkpoint (with the next generation), export it, then a new data snapshot on every rank."""
+        """A new data snapshot on every rank, then (rank 0) the checkpoint, which holds the new
+        snapshot's cursor (so a resumed run samples what this one will), and its generation's export."""
         self.generation += 1
+        self._refresh()
+        self.val_batch = None
         if self.rank == 0:
             path = self._write_checkpoint()
             self.log(f"learner: step {self.step:,}: checkpoint {os.path.relpath(path, self.run_dir)}")
             self._export_generation()
+            self.reporter.restart_clock()
         self.checkpoint_step = self.step
-        self._refresh()
-        self.val_batch = None
 
     # ---------------------------------------------------------------- data
 
     def _refresh(self) -> None:
-        """A new manifest snapshot, the same on every rank (retried until all ranks agree)."""
-        while True:
-            _barrier(self.world)
+        """A new manifest snapshot, the same on every rank: rank 0 reads the manifest and the
+        others take its first ``snapshot_records`` records (the daemon may append in between)."""
+        if self.rank == 0:
             self.sampler.refresh()
-            key = _snapshot_key(self.sampler.state_dict())
-            if _all_equal(key, self.world, self.device):
-                break
-        if self.loader is not None:
-            self.loader.close()
-            self.loader = None
+        if self.world > 1:
+            records = torch.tensor([self.sampler.snapshot_records], dtype=torch.int64, device=self.device)
+            dist.broadcast(records, src=0)
+            if self.rank != 0:
+                self.sampler.refresh(int(records))
 
     def _validation_batch(self):
         if self.val_batch is None and self.cfg.replay.validation_positions > 0:
@@ -655,19 +658,16 @@ class _Learner:
         """The rank's slice of the next global batch on the device, or None to stop (data starved)."""
         from trainer.replay import DataStarved, ReplayLoader
 
+        if self.loader is None:  # it follows the sampler: a new snapshot restarts its workers
+            self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
+                                       workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch,
+                                       pin_memory=self.device.type == "cuda")
         while True:
-            if self.loader is None:
-                self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
-                                           workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch)
-                self._iter = iter(self.loader)
             try:
-                batch = next(self._iter)
-            except (DataStarved, StopIteration) as exc:
-                self.loader.close()
-                self.loader = None
+                batch = next(self.loader)
+            except DataStarved as exc:  # every rank at the same batch: same snapshot, same cursor
                 if not self.launch.follow:
-                    self.log(f"learner: stopping at step {self.step:,}: {exc or 'no more data'} "
-                             "(--follow waits for new data instead)")
+                    self.log(f"learner: stopping at step {self.step:,}: {exc} (--follow waits for new data)")
                     return None
                 self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
                 time.sleep(self.cfg.train.starved_poll_s)
@@ -699,8 +699,8 @@ class _Learner:
                 if self.averager is not None:
                     self.averager.update(self.net, self.step)
                 self._collect(stats)
-                if self._exit_at is not None and self.step == self._exit_at:
-                    os._exit(3)
+                if self._exit_at is not None and self.step == self._exit_at[0]:
+                    _die(self._exit_at[1])
                 if self.step % self.cfg.log.interval == 0:
                     self._log_metrics()
                 if self.step % tc.checkpoint_every == 0:
@@ -755,36 +755,19 @@ def _fmt_val(score: dict | None) -> str:
     return ", val " + " ".join(f"{k} {v:.4g}" for k, v in score.items())
 
 
-def _snapshot_key(state: dict) -> str:
-    """What identifies the sampler's snapshot: its state without the sampling counters."""
-    return json.dumps({k: v for k, v in state.items() if "snapshot" in k}, sort_keys=True)
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
-def _all_equal(key: str, world: int, device: torch.device) -> bool:
-    """Whether every rank holds the same ``key`` (compared by a 63-bit hash)."""
-    if world == 1:
-        return True
-    import hashlib
-
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
-    lo = torch.tensor([h], dtype=torch.int64, device=device)
-    hi = lo.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-    return int(lo) == int(hi)
-
-
-def _exit_hook(rank: int) -> int | None:
+def _exit_hook(rank: int) -> tuple[int, bool] | None:
+    """(step, by SIGKILL) at which this rank is to die, from :data:`EXIT_HOOK_ENV`."""
     spec = os.environ.get(EXIT_HOOK_ENV, "")
-    match = re.fullmatch(r"(\d+):(\d+)", spec.strip())
+    match = re.fullmatch(r"(\d+):(\d+)(:kill)?", spec.strip())
     if match and int(match.group(1)) == rank:
-        return int(match.group(2))
+        return int(match.group(2)), bool(match.group(3))
     return None
+
+
+def _die(kill: bool) -> None:
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
 
 
 class _Reporter:
@@ -803,6 +786,7 @@ class _Reporter:
         else:
             self.writer = SummaryWriter(os.path.join(learner.run_dir, TENSORBOARD_DIR))
         self._t = time.perf_counter()
+        self._steps_before = 0
 
     def start(self, step: int, target: int | None) -> None:
         batch = self.learner.cfg.train.batch_size
@@ -817,6 +801,11 @@ class _Reporter:
                 self.log = self.bar.write
                 self.learner.log = self.bar.write
 
+    def restart_clock(self) -> None:
+        """Samples/s counts training only: the clock restarts after a checkpoint and export."""
+        self._t = time.perf_counter()
+        self._steps_before = self.learner._pending
+
     def tick(self, positions: int) -> None:
         if self.bar is not None:
             self.bar.update(positions)
@@ -824,7 +813,9 @@ class _Reporter:
     def metrics(self, losses: dict[str, float], steps: int) -> None:
         learner = self.learner
         now = time.perf_counter()
-        rate = steps * learner.cfg.train.batch_size / max(now - self._t, 1e-9)
+        timed = steps - self._steps_before
+        self._steps_before = 0
+        rate = timed * learner.cfg.train.batch_size / max(now - self._t, 1e-9) if timed > 0 else None
         record: dict[str, Any] = {
             "step": learner.step,
             "time": time.time(),
@@ -834,10 +825,11 @@ class _Reporter:
             "loss_total": losses["total"],
             "grad_norm": losses["grad_norm"],
             "lr": learner.optimizer.param_groups[0]["lr"],
-            "samples_per_s": rate,
-            "window": _window(learner),
+            "window": learner.sampler.window_positions,
             "generation": learner.generation,
         }
+        if rate is not None:
+            record["samples_per_s"] = rate
         val = learner._validation_batch()
         if val is not None:
             for key, value in evaluate(learner.net, val, learner.cfg.loss).items():
@@ -853,8 +845,8 @@ class _Reporter:
             self.bar.set_postfix(loss=f"{losses['total']:.3f}", lr=f"{record['lr']:.3g}", refresh=False)
         else:
             self.log(f"learner: step {learner.step:,}: loss {losses['total']:.4f} (policy {losses['policy']:.4f}, "
-                     f"value {losses['value']:.4f}, moves left {losses['moves_left']:.4f}), lr {record['lr']:.3g}, "
-                     f"{rate:,.0f} pos/s" + (f", val top-1 {record['val_policy_top1']:.3f}"
+                     f"value {losses['value']:.4f}, moves left {losses['moves_left']:.4f}), lr {record['lr']:.3g}"
+                     + (f", {rate:,.0f} pos/s" if rate is not None else "") + (f", val top-1 {record['val_policy_top1']:.3f}"
                                               if "val_policy_top1" in record else ""))
         self._t = time.perf_counter()
 
@@ -863,15 +855,6 @@ class _Reporter:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
-
-
-def _window(learner: _Learner) -> int:
-    from trainer.replay import window_size
-
-    state = learner.sampler.state_dict()
-    total = state.get("snapshot_positions", 0)
-    w = learner.window
-    return window_size(int(total), floor=w.floor, alpha=w.alpha, beta=w.beta)
 
 
 # --------------------------------------------------------------------------- processes
@@ -969,17 +952,31 @@ def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log
     return config, path
 
 
-def _describe_failure(exc: BaseException) -> str:
-    rank = getattr(exc, "error_index", "?")
-    signal_name = getattr(exc, "signal_name", None)
-    code = getattr(exc, "exit_code", None)
-    if signal_name:
-        how = f"was killed by {signal_name}"
-    elif code is not None:
+def _describe_failure(exc: BaseException, processes: Sequence, error_files: Sequence[str]) -> str:
+    """One line naming the rank whose end brought the group down, and how it ended.
+
+    ``spawn`` reports the first failure it noticed; when a rank dies, its peers fail too
+    (their collectives lose the connection) and the rest are stopped with SIGTERM, so a rank
+    that ended by itself without a Python exception (an exit code, a signal such as the OOM
+    killer's SIGKILL) is named first, before ranks that raised or were terminated.
+    """
+    rank = getattr(exc, "error_index", 0)
+    for i, process in enumerate(processes):
+        code = process.exitcode
+        if code and code != -signal.SIGTERM and not os.path.exists(error_files[i]):
+            rank = i
+            break
+    code = processes[rank].exitcode if rank < len(processes) else None
+    if code is not None and code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    elif code and not os.path.exists(error_files[rank]):
         how = f"exited with code {code}"
     else:
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        how = f"raised {lines[-1].strip() if lines else type(exc).__name__}"
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        how = f"failed: {lines[-1] if lines else type(exc).__name__}"
     return (f"learner: rank {rank} {how}; the other ranks were stopped. "
             "Resume by running the same command again (it continues from the last checkpoint)")
 
@@ -1033,9 +1030,12 @@ def learn(
         launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
         import torch.multiprocessing as mp
 
+        context = mp.start_processes(_spawned, args=(world, launch), nprocs=world, join=False,
+                                     start_method="spawn")
         try:
-            mp.spawn(_spawned, args=(world, launch), nprocs=world, join=True)
+            while not context.join():
+                pass
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
-            log(_describe_failure(exc))
+            log(_describe_failure(exc, context.processes, context.error_files))
             return 1
         return 0
