@@ -268,19 +268,21 @@ def random_game(rng: random.Random) -> np.ndarray:
     return np.array(records, dtype=RECORD_DTYPE)
 
 
-def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0):
+def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0,
+             positions: int = 0):
     """A run folder with RUN/config.toml and a store of at least 2 validation and 4 training chunks
-    (which chunks are held out depends on their random names, so keep adding until both are there)."""
+    and ``positions`` in all (which chunks are held out depends on their random names, so keep
+    adding until both are there)."""
     path = str(path)
     store = ReplayStore(path)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         f.write(config)
     val_percent = load_config(os.path.join(path, CONFIG_FILE)).replay.val_percent
     rng = random.Random(seed)
-    for _ in range(200):
+    for _ in range(1000):
         names = [e.name for e in store.entries()]
         held = sum(is_validation(n, val_percent) for n in names)
-        if held >= 2 and len(names) - held >= 4:
+        if held >= 2 and len(names) - held >= 4 and store.total_positions() >= positions:
             return path
         store.append_games([game(rng) for _ in range(games_per_chunk)], generation=0, source="test")
     raise AssertionError("could not make a store with both validation and training chunks")
@@ -440,3 +442,66 @@ def test_bad_starts_are_one_line_errors(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         code, lines = run_learn(run, steps=4)
     assert code == 2 and "another learner is running" in lines[-1]
+
+
+STOCKFISH = shutil.which("stockfish") or ("/usr/games/stockfish" if os.path.exists("/usr/games/stockfish") else None)
+
+
+def stockfish_games(n_positions: int, seed: int = 0) -> list[np.ndarray]:
+    """Games of stockfish (depth 4, a third of the moves random), every position labelled as a
+    teacher would: MultiPV 4 scores softmaxed at 100 cp as the policy, stockfish's WDL as the value,
+    the plies to the game's end as moves left. About 2 ms a position."""
+    import chess
+    import chess.engine
+
+    rng = random.Random(seed)
+    games, total = [], 0
+    with chess.engine.SimpleEngine.popen_uci(STOCKFISH) as engine:
+        engine.configure({"UCI_ShowWDL": True, "Threads": 1, "Hash": 16})
+        while total < n_positions:
+            reference, board, records = chess.Board(), Board(), []
+            for _ in range(rng.randrange(20, 80)):
+                if reference.is_game_over():
+                    break
+                infos = engine.analyse(reference, chess.engine.Limit(depth=4), multipv=4)
+                scores = np.array([i["score"].pov(reference.turn).score(mate_score=3000) for i in infos], float)
+                weights = np.exp((scores - scores.max()) / 100.0)
+                moves = [i["pv"][0].uci() for i in infos]
+                wdl = infos[0]["wdl"].pov(reference.turn)
+                win, draw, loss = wdl.wins / 1000, wdl.draws / 1000, wdl.losses / 1000
+                played = moves[0] if rng.random() > 0.3 else rng.choice(list(reference.legal_moves)).uci()
+                records.append(make_record(board, dict(zip(moves, weights)), result_q=win - loss, result_d=draw,
+                                           plies_left=40.0, played=played, root=Eval(win - loss, draw, 40.0)))
+                reference.push_uci(played)
+                board.push_uci(played)
+            game = np.array(records, dtype=RECORD_DTYPE)
+            game["plies_left"] = np.arange(len(game), 0, -1)
+            games.append(game)
+            total += len(game)
+    return games
+
+
+@pytest.mark.skipif(STOCKFISH is None, reason="needs stockfish (Debian: apt install stockfish)")
+def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_path):
+    from trainer.learner import net_config
+    from trainer.replay import validation_batch
+
+    stream = iter(stockfish_games(2000))
+    config = TINY.replace('net = "1x8"', 'net = "2x16"').replace("batch_size = 16", "batch_size = 32").replace(
+        "checkpoint_every = 4", "checkpoint_every = 100").replace("interval = 2", "interval = 20").replace(
+        "validation_positions = 48", "validation_positions = 256")
+    run = make_run(tmp_path / "run", config, game=lambda rng: next(stream), games_per_chunk=1, positions=1800)
+    code, lines = run_learn(run, steps=50)
+    assert code == 0, lines
+    cfg = load_config(os.path.join(run, CONFIG_FILE))
+    window = WindowConfig(floor=cfg.replay.floor, val_percent=cfg.replay.val_percent)
+    held_out = validation_batch(ReplayStore(run), window, 256)
+    before = evaluate(build_net(net_config(cfg), seed=cfg.train.seed), held_out, cfg.loss)
+    trained = build_net(net_config(cfg), seed=None)
+    trained.load_state_dict(torch.load(checkpoint_path(run, 50), weights_only=True)["model"])
+    after = evaluate(trained, held_out, cfg.loss)
+    # About one pass over ~1,400 training positions. Measured over five splits: total -0.48..-0.69,
+    # policy CE -0.14..-0.19, top-1 +0.07..+0.10; the value CE moves either way on ~12 held-out games.
+    assert after["total"] < before["total"] - 0.25, (before, after)
+    assert after["policy_ce"] < before["policy_ce"] - 0.05, (before, after)
+    assert after["policy_top1"] > before["policy_top1"], (before, after)
