@@ -505,3 +505,51 @@ def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_pat
     assert after["total"] < before["total"] - 0.25, (before, after)
     assert after["policy_ce"] < before["policy_ce"] - 0.05, (before, after)
     assert after["policy_top1"] > before["policy_top1"], (before, after)
+
+
+# --------------------------------------------------------------------------- GPU paths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_step_on_cuda_tracks_float32(amp):
+    device = torch.device("cuda")
+    batch = FakeBatch(*(t.to(device) for t in synthetic_batch(64, 0)))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    results = {}
+    for precision in ("fp32", amp):
+        net = build_net("2x16", seed=1).to(device)
+        opt = make_optimizer(net, OptimizerConfig(lr=0.01))
+        scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        first = None
+        for _ in range(3):
+            stats = train_step(net, opt, [batch], LossConfig(), clip_grad_norm=10.0, scaler=scaler,
+                               amp_dtype=None if precision == "fp32" else dtype)
+            first = stats["total"].item() if first is None else first
+        assert all(torch.isfinite(p).all() for p in net.parameters())
+        results[precision] = (first, stats["total"].item())
+    assert results[amp][0] == pytest.approx(results["fp32"][0], rel=0.05)
+    assert results[amp][1] < results[amp][0]  # three steps on one batch: it fits it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_learn_on_one_gpu_checkpoints_and_resumes(tmp_path, amp):
+    run = make_run(tmp_path / "run", TINY.replace("[train]\n", f'[train]\namp = "{amp}"\n'))
+    code, lines = run_learn(run, devices="cuda:0", steps=4)
+    assert code == 0, lines
+    ckpt = torch.load(checkpoint_path(run, 4), weights_only=True)
+    assert (ckpt["scaler"] is not None) == (amp == "fp16")
+    code, lines = run_learn(run, devices="cuda:0", steps=6)
+    assert code == 0 and any("resuming at step 4" in ln for ln in lines)
+    assert os.path.exists(os.path.join(run, "networks", "gen-00002.onnx"))
+
+
+@pytest.mark.gpu
+def test_nccl_ranks_on_two_gpus(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"gpu test: nccl DDP needs two CUDA devices, this machine has {torch.cuda.device_count()}")
+    run = make_run(tmp_path / "run")
+    code, lines = run_learn(run, devices="cuda:0,1", steps=6)
+    assert code == 0, lines
+    assert [s for s, _ in list_checkpoints(run)] == [4, 6]

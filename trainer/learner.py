@@ -340,12 +340,12 @@ class WeightAverager:
                 self.weights[key].copy_(value)
 
     def averaged(self, config: NetConfig) -> Net | None:
-        """A CPU :class:`Net` with the averaged weights (None before the first update)."""
+        """A CPU :class:`Net` with the averaged weights, in eval mode (None before the first update)."""
         if self.weights is None:
             return None
         net = Net(config, seed=None)
         net.load_state_dict({k: v.detach().to("cpu") for k, v in self.weights.items()})
-        return net
+        return net.eval()
 
     def state_dict(self) -> dict:
         weights = None if self.weights is None else {k: v.detach().to("cpu") for k, v in self.weights.items()}
@@ -564,21 +564,15 @@ class _Learner:
                 os.remove(old)
         return path
 
-    def _raw_cpu_net(self) -> Net:
-        net = Net(self.net_config, seed=None)
-        net.load_state_dict({k: v.detach().to("cpu") for k, v in self.net.state_dict().items()})
-        return net
-
     def _export_generation(self) -> None:
         """Export this step's network as ``self.generation`` and record it (rank 0).
 
         With weight averaging, both the raw and the averaged weights are scored on the
         validation batch; the one with the lower total loss is exported (the raw weights
         when there is no validation data to decide with)."""
-        raw = self._raw_cpu_net()
-        candidates = {"raw": raw}
+        candidates: dict[str, Net] = {"raw": self.net}
         if self.averager is not None and self.averager.weights is not None:
-            candidates[self.averager.kind] = self.averager.averaged(self.net_config)
+            candidates[self.averager.kind] = self.averager.averaged(self.net_config).to(self.device)
         scores: dict[str, dict[str, float]] = {}
         chosen = "raw"
         val = self._validation_batch()
