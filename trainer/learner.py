@@ -894,13 +894,20 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log) -> i
             dist.destroy_process_group()
 
 
-def _spawned(local: int, world: int, launch: _Launch) -> None:
-    """``spawn``'s entry: rank ``local`` of ``world``; a non-zero return becomes the exit code."""
+def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
+    """``spawn``'s entry: rank ``local`` of ``world``; its log lines go to the parent through
+    ``lines`` (a queue); a non-zero return becomes the exit code."""
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
-    code = _run_rank(local, world, local, launch, _stderr)
+    code = _run_rank(local, world, local, launch, lines.put)
     if code:
         sys.exit(code)
+
+
+def _forward(lines, log: Log) -> None:
+    """The parent's end of the ranks' log queue (None ends it)."""
+    while (line := lines.get()) is not None:
+        log(line)
 
 
 def _resolve_config(run_dir: str, config_path: str | os.PathLike | None, write: bool, log: Log) -> TrainConfig:
@@ -991,8 +998,9 @@ def learn(
     kind under torchrun. ``steps``: the step to stop at, counted from the run's start (None:
     until the data runs out, or forever with ``follow``). ``config_path``: a TOML config
     (default RUN/config.toml, else the defaults). ``follow``: wait for new data when the
-    sampling cap is reached instead of stopping. ``log``: where one-line messages go (the
-    spawned ranks write to stderr).
+    sampling cap is reached instead of stopping. ``log``: where one-line messages go (default
+    stderr; spawned ranks send theirs to this process, except while a progress bar is on the
+    console, which rank 0 then writes above the bar itself).
     """
     log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
@@ -1024,12 +1032,22 @@ def learn(
         launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
         import torch.multiprocessing as mp
 
-        context = mp.start_processes(_spawned, args=(world, launch), nprocs=world, join=False,
+        lines = mp.get_context("spawn").SimpleQueue()
+        forward = threading.Thread(target=_forward, args=(lines, log), name="rank-logs", daemon=True)
+        forward.start()
+        context = mp.start_processes(_spawned, args=(world, launch, lines), nprocs=world, join=False,
                                      start_method="spawn")
         try:
             while not context.join():
                 pass
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
-            log(_describe_failure(exc, context.processes, context.error_files))
+            failure = _describe_failure(exc, context.processes, context.error_files)
+        else:
+            failure = None
+        finally:
+            lines.put(None)
+            forward.join(5.0)
+        if failure:
+            log(failure)
             return 1
         return 0
