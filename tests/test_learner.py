@@ -150,7 +150,7 @@ def test_weight_decay_only_on_conv_and_linear_weights():
     assert decayed["weight_decay"] == 1e-4 and plain["weight_decay"] == 0.0
     assert all(p.dim() > 1 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
     assert len(decayed["params"]) + len(plain["params"]) == len(list(net.parameters()))
-    assert isinstance(opt, torch.optim.SGD) and opt.defaults["nesterov"]
+    assert isinstance(opt, torch.optim.SGD) and all(g["nesterov"] and g["momentum"] == 0.9 for g in opt.param_groups)
     assert isinstance(make_optimizer(net, OptimizerConfig(kind="adamw")), torch.optim.AdamW)
 
 

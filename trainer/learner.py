@@ -176,15 +176,30 @@ def compute_losses(out: NetOutput, batch, cfg: LossConfig) -> dict[str, torch.Te
 
 
 def make_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """SGD (Nesterov) or AdamW; weight decay only on conv and linear weights, as lc0's L2."""
+    """SGD (Nesterov) or AdamW; weight decay only on conv and linear weights (lc0's L2 term):
+    the first param group holds those, the second the batch-norm parameters and biases."""
     decay, plain = [], []
     for param in model.parameters():
         (decay if param.dim() > 1 else plain).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    groups = [{"params": decay}, {"params": plain}]
     if cfg.kind == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum,
-                               nesterov=cfg.nesterov and cfg.momentum > 0)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.momentum, cfg.beta2))
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=cfg.lr)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    _apply_hyperparameters(optimizer, cfg)
+    return optimizer
+
+
+def _apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> None:
+    """Set the config's momentum, betas and weight decay on every param group (also after a
+    checkpoint's state was loaded, which brings back the values it was saved with)."""
+    for i, group in enumerate(optimizer.param_groups):
+        group["weight_decay"] = cfg.weight_decay if i == 0 else 0.0
+        if cfg.kind == "sgd":
+            group["momentum"] = cfg.momentum
+            group["nesterov"] = cfg.nesterov and cfg.momentum > 0
+        else:
+            group["betas"] = (cfg.momentum, cfg.beta2)
 
 
 def lr_at(step: int, cfg: OptimizerConfig) -> float:
@@ -528,7 +543,12 @@ class _Learner:
     def _load(self, path: str) -> dict:
         data = _read_checkpoint(path, int(re.search(r"step-(\d+)", path).group(1)))
         self.net.load_state_dict(data["model"])
-        self.optimizer.load_state_dict(data["optimizer"])
+        before = data["train_config"].get("optimizer", {}).get("kind")
+        if before == self.cfg.optimizer.kind:
+            self.optimizer.load_state_dict(data["optimizer"])
+            _apply_hyperparameters(self.optimizer, self.cfg.optimizer)  # the config's, not the checkpoint's
+        else:
+            self.log(f"learner: the optimizer changed from {before} to {self.cfg.optimizer.kind}: its state starts afresh")
         if self.scaler is not None and data.get("scaler"):
             self.scaler.load_state_dict(data["scaler"])
         if self.averager is not None and data.get("average"):
