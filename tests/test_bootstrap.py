@@ -1,0 +1,256 @@
+"""trainer.bootstrap: teacher-labelled self-play games from the real stockfish, and PGN imports.
+
+Every record is checked against an independent replay of its game on the engine's
+Board (planes from engine.encoding.encode_board, the legal mask, the played move).
+"""
+
+import gzip
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from engine.board import Board
+from engine.encoding import encode_board, legal_mask, move_to_index
+from trainer import bootstrap
+from trainer.bootstrap import TeacherError, bootstrap_pgn, bootstrap_teacher
+from trainer.records import ADJUDICATED_BIT, MAX_LENGTH_BIT, decode_records, read_chunk
+
+STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None,
+                                     reason="no stockfish on PATH or at /usr/games/stockfish")
+
+
+def _store(run):
+    from trainer.replay import ReplayStore
+
+    return ReplayStore(run)
+
+
+def _chunks(run, source):
+    """[(entry, records)] of the run's chunks from ``source``, in manifest order."""
+    return [(e, read_chunk(os.path.join(run, "replay", "chunks", e.name)))
+            for e in _store(run).entries() if e.source == source]
+
+
+def _records(run, source):
+    chunks = _chunks(run, source)
+    return np.concatenate([r for _, r in chunks]) if chunks else np.zeros(0)
+
+
+def _split_games(records):
+    """Games back to back: plies_left counts down by one within a game and ends at 1."""
+    games, start = [], 0
+    left = records["plies_left"]
+    for i in range(1, len(records) + 1):
+        if i == len(records) or left[i] != left[i - 1] - 1:
+            games.append(records[start:i])
+            start = i
+    return games
+
+
+def _replay_and_check(game, start_fen=None):
+    """Replays a game from its played moves, checking planes and policy; returns the final Board."""
+    board = Board(start_fen)
+    sample = decode_records(game)
+    for i, record in enumerate(game):
+        np.testing.assert_array_equal(sample.planes[i], encode_board(board))
+        mask = legal_mask(board)
+        assert np.all(sample.policy[i][~mask] == -1.0)
+        assert np.all(sample.policy[i][mask] >= 0.0)
+        assert sample.policy[i][mask].sum() == pytest.approx(1.0, abs=1e-5)
+        moves = {move_to_index(board, m): m for m in board.legal_moves()}
+        assert int(record["best_idx"]) in moves
+        assert sample.policy[i][record["best_idx"]] == sample.policy[i][mask].max()
+        board.push_uci(moves[int(record["played_idx"])])
+    return board
+
+
+# ------------------------------------------------------------------------------------------
+# teacher
+
+
+@needs_stockfish
+def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_path):
+    run = str(tmp_path / "run")
+    kw = dict(teacher=[STOCKFISH], workers=2, depth=3, multipv=3, max_plies=24, opening_plies=4,
+              positions_per_chunk=16, progress=False)
+    first = bootstrap_teacher(run, positions=40, seed=1, **kw)
+    assert (first.added, first.positions) == (40, 40)
+    assert first.teacher.startswith("Stockfish")
+    entries = [e for e, _ in _chunks(run, "teacher")]
+    assert sum(e.positions for e in entries) == 40 and all(e.generation == 0 for e in entries)
+    assert sum(e.games for e in entries) == first.games
+
+    records = _records(run, "teacher")
+    games = _split_games(records)
+    assert len(games) == first.games
+    wdl = decode_records(records).wdl
+    assert np.all(wdl >= -1e-6) and np.allclose(wdl.sum(1), 1.0)
+    assert np.all(records["result_q"] == records["root_q"])        # the value target is the teacher's
+    for n, game in enumerate(games):
+        final = _replay_and_check(game)
+        length = int(game["plies_left"][0])
+        cut = n == len(games) - 1 and game["plies_left"][-1] != 1   # the last game may be cut at 40
+        assert cut or len(game) == length
+        results = game["orig_q"] * np.where(np.arange(len(game)) % 2 == 0, 1, -1)
+        assert np.all(results == results[0]) and results[0] in (-1.0, 0.0, 1.0)   # one result per game
+        flags = game["invariance_info"]
+        if length == 24 and not final.is_game_over(claim_draw=True):
+            assert np.all(flags == ADJUDICATED_BIT | MAX_LENGTH_BIT) and results[0] == 0.0
+        elif not cut:
+            assert np.all(flags == 0) and final.is_game_over(claim_draw=True)
+    assert first.max_length == sum(1 for g in games if g["invariance_info"][0] & MAX_LENGTH_BIT)
+
+    second = bootstrap_teacher(run, positions=60, seed=1, **kw)
+    assert (second.added, second.positions) == (20, 60)
+    np.testing.assert_array_equal(_records(run, "teacher")[:40], records)   # nothing rewritten
+    third = bootstrap_teacher(run, positions=50, seed=1, **kw)
+    assert (third.added, third.positions) == (0, 60)
+
+
+def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
+    run = str(tmp_path / "run")
+    with pytest.raises(TeacherError, match="cannot start teacher /nonexistent/teacher-x"):
+        bootstrap_teacher(run, teacher=["/nonexistent/teacher-x"], positions=10, workers=1,
+                          progress=False)
+    silent = [sys.executable, "-c", "pass"]
+    with pytest.raises(TeacherError, match="did not start as a UCI engine") as err:
+        bootstrap_teacher(run, teacher=silent, positions=10, workers=1, progress=False)
+    assert "-c pass" in str(err.value)
+    assert _records(run, "teacher").size == 0
+
+
+FLAKY_ENGINE = """
+import sys
+for line in sys.stdin:
+    cmd = line.split()[0] if line.split() else ""
+    if cmd == "uci":
+        print("id name Flaky"); print("uciok")
+    elif cmd == "isready":
+        print("readyok")
+    elif cmd == "go":
+        sys.exit(3)
+    elif cmd == "quit":
+        break
+    sys.stdout.flush()
+"""
+
+
+def test_a_teacher_that_dies_while_labelling_names_its_command(tmp_path):
+    script = tmp_path / "flaky_engine.py"
+    script.write_text(FLAKY_ENGINE)
+    with pytest.raises(TeacherError, match="flaky_engine.py has no MultiPV option"):
+        bootstrap_teacher(str(tmp_path / "run"), teacher=[sys.executable, str(script)],
+                          positions=10, multipv=4, progress=False)
+    with pytest.raises(TeacherError, match="flaky_engine.py") as err:
+        bootstrap_teacher(str(tmp_path / "run"), teacher=[sys.executable, str(script)],
+                          positions=10, workers=2, multipv=1, progress=False)
+    assert "failed on" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------
+# PGN
+
+FEN = "4k3/8/8/8/8/8/4P3/4K3 b - - 3 40"
+PGN = f"""[Event "a win"]
+[Result "1-0"]
+
+1. e4 e5 2. Nf3 Nc6 3. Bb5 a6 {{a comment}} 4. Ba4 (4. Bxc6 dxc6) 1-0
+
+[Event "unfinished"]
+[Result "*"]
+
+1. d4 d5 *
+
+[Event "from a FEN"]
+[SetUp "1"]
+[FEN "{FEN}"]
+[Result "0-1"]
+
+40... Kd7 41. e4 Ke6 0-1
+
+[Event "an illegal move"]
+[Result "1-0"]
+
+1. e4 e5 2. Ke3 Nc6 1-0
+
+[Event "a variant"]
+[Variant "Atomic"]
+[Result "1-0"]
+
+1. e4 d5 1-0
+
+[Event "a draw"]
+[Result "1/2-1/2"]
+
+1. c4 c5 2. Nc3 1/2-1/2
+"""
+
+EXPECTED = [  # (start FEN, moves, white's result)
+    (None, ["e2e4", "e7e5", "g1f3", "b8c6", "f1b5", "a7a6", "b5a4"], 1.0),
+    (FEN, ["e8d7", "e2e4", "d7e6"], -1.0),
+    (None, ["c2c4", "c7c5", "b1c3"], 0.0),
+]
+
+
+def _check_pgn_records(records):
+    games = _split_games(records)
+    assert len(games) == len(EXPECTED)
+    for game, (fen, moves, white_result) in zip(games, EXPECTED):
+        assert len(game) == len(moves)
+        board = Board(fen)
+        sample = decode_records(game)
+        for i, move in enumerate(moves):
+            np.testing.assert_array_equal(sample.planes[i], encode_board(board))
+            expected_policy = np.where(legal_mask(board), 0.0, -1.0).astype(np.float32)
+            expected_policy[move_to_index(board, move)] = 1.0
+            np.testing.assert_array_equal(sample.policy[i], expected_policy)
+            q = white_result if board.turn else -white_result
+            draw = 1.0 if white_result == 0.0 else 0.0
+            np.testing.assert_allclose(sample.wdl[i], [(1 - draw + q) / 2, draw, (1 - draw - q) / 2])
+            assert sample.plies_left[i] == len(moves) - i
+            assert game["played_idx"][i] == game["best_idx"][i] == move_to_index(board, move)
+            board.push_uci(move)
+
+
+def test_pgn_games_become_exactly_the_expected_samples_once(tmp_path, caplog):
+    pgn = tmp_path / "games.pgn"
+    pgn.write_text(PGN)
+    run = str(tmp_path / "run")
+    summary = bootstrap_pgn(run, [pgn], progress=False)
+    assert (summary.games, summary.positions) == (3, 13)
+    assert summary.skipped == {"no result": 1, "parse error": 1, "variant": 1}
+    assert sum("skipped" in r.getMessage() for r in caplog.records) == 3
+    _check_pgn_records(_records(run, "pgn"))
+
+    again = bootstrap_pgn(run, [pgn], progress=False)
+    assert (again.games, again.positions, again.files_already_done) == (0, 0, 1)
+    assert len(_records(run, "pgn")) == 13
+
+
+def test_pgn_import_resumes_without_duplicates_after_a_kill_between_commit_and_state(
+        tmp_path, monkeypatch):
+    pgn = tmp_path / "games.pgn.gz"
+    pgn.write_bytes(gzip.compress(PGN.encode()))
+    run = str(tmp_path / "run")
+    real_write = bootstrap._write_pgn_state
+    calls = []
+
+    def killed_after_first_commit(path, state):
+        calls.append(state)
+        if len(calls) == 2:      # 1: the pending mark, then the chunk is committed, 2: the settled state
+            raise KeyboardInterrupt
+        real_write(path, state)
+
+    monkeypatch.setattr(bootstrap, "_write_pgn_state", killed_after_first_commit)
+    with pytest.raises(KeyboardInterrupt):
+        bootstrap_pgn(run, [pgn], positions_per_chunk=5, progress=False)
+    assert len(_records(run, "pgn")) == 7          # the first game is in the store, its state is not
+    monkeypatch.setattr(bootstrap, "_write_pgn_state", real_write)
+
+    rest = bootstrap_pgn(run, [pgn], positions_per_chunk=5, progress=False)
+    assert (rest.games, rest.positions) == (2, 6)
+    _check_pgn_records(_records(run, "pgn"))
