@@ -567,3 +567,16 @@ def test_bench_train_measures_every_figure_in_one_run(capsys):
     out = capsys.readouterr().out
     assert "learner / raw" in out and "loader / learner" in out
     json.dumps(figures)  # what --json prints
+
+
+def test_runs_unchanged_under_torchrun(tmp_path):
+    """torchrun makes the processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): learn joins as a rank."""
+    run = make_run(tmp_path / "run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainer.cli", "learn", run, "--devices", "cpu", "--steps", "4", "--no-progress"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [s for s, _ in list_checkpoints(run)] == [4]
+    assert proc.stderr.count("learner: done at step 4") == 1  # rank 0 alone reports
+    generations = [json.loads(line) for line in open(os.path.join(run, "generations.jsonl"))]
+    assert [g["step"] for g in generations] == [4]
