@@ -580,3 +580,21 @@ def test_runs_unchanged_under_torchrun(tmp_path):
     assert proc.stderr.count("learner: done at step 4") == 1  # rank 0 alone reports
     generations = [json.loads(line) for line in open(os.path.join(run, "generations.jsonl"))]
     assert [g["step"] for g in generations] == [4]
+
+
+def test_resume_exports_a_lost_generation_and_never_reuses_a_number(tmp_path):
+    run = make_run(tmp_path / "run")
+    assert run_learn(run, steps=8)[0] == 0  # generations 1 (step 4) and 2 (step 8)
+    path = os.path.join(run, "generations.jsonl")
+    lines = open(path).readlines()
+    # Killed between the checkpoint at step 8 and its export: generation 2 is not in the log.
+    with open(path, "w") as f:
+        f.writelines(lines[:1])
+    code, out = run_learn(run, steps=10)
+    assert code == 0 and any("generation 2 of step 8 was not exported" in ln for ln in out)
+    assert [json.loads(ln)["generation"] for ln in open(path)] == [1, 2, 3]
+    # The checkpoints after step 8 are lost, but generation 3 was announced: the next is 4.
+    os.remove(checkpoint_path(run, 10))
+    code, out = run_learn(run, steps=12)
+    assert code == 0 and any("the next generation is 4" in ln for ln in out)
+    assert [(g["generation"], g["step"]) for g in map(json.loads, open(path))] == [(1, 4), (2, 8), (3, 10), (4, 12)]

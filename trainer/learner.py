@@ -626,11 +626,18 @@ class _Learner:
                  f"({chosen} weights{_fmt_val(scores.get(chosen))})")
 
     def _repair_generation(self) -> None:
-        """After a resume: export the checkpoint's generation if the last run died before it did."""
-        if self.generation < 1:
-            return
-        done = {r.get("generation") for r in _read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE))}
-        if self.generation not in done:
+        """After a resume: export the checkpoint's generation if the last run died before it did.
+
+        Generation numbers are never reused: engines ignore a generation they have seen, so
+        when generations.jsonl lists newer ones than the checkpoint (their checkpoints were
+        damaged or deleted), the numbering continues after the newest."""
+        recorded = {r.get("generation") for r in _read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE))}
+        newest = max((g for g in recorded if isinstance(g, int)), default=0)
+        if newest > self.generation:
+            self.log(f"learner: generations up to {newest} came from checkpoints after step {self.step:,} that "
+                     f"are gone; the next generation is {newest + 1}")
+            self.generation = newest
+        elif self.generation >= 1 and self.generation not in recorded:
             self.log(f"learner: generation {self.generation} of step {self.step:,} was not exported; exporting it")
             self._export_generation()
 
@@ -676,6 +683,7 @@ class _Learner:
             self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
                                        workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch,
                                        pin_memory=self.device.type == "cuda")
+        waiting = False
         while True:
             try:
                 batch = next(self.loader)
@@ -683,10 +691,14 @@ class _Learner:
                 if not self.launch.follow:
                     self.log(f"learner: stopping at step {self.step:,}: {exc} (--follow waits for new data)")
                     return None
-                self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
+                if not waiting:
+                    self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
+                    waiting = True
                 time.sleep(self.cfg.train.starved_poll_s)
                 self._refresh()
                 continue
+            if waiting:
+                self.log(f"learner: new data, going on at step {self.step:,}")
             return type(batch)(*(t.to(self.device, non_blocking=True) for t in batch))
 
     # ---------------------------------------------------------------- loop
