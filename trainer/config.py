@@ -121,10 +121,10 @@ class ReplayConfig:
 
     floor: int = _f(250_000, "window floor m: all positions while there are at most m (KataGo: 250k)",
                     min=1)
-    alpha: float = _f(0.65, "window growth exponent (KataGo's alpha)", above=0.0, max=1.0)
-    beta: float = _f(0.4, "window growth factor (KataGo's beta)", min=0.0)
-    max_samples_per_position: float = _f(8.0, "cap on the average times each position in the window is "
-                                         "sampled before new data must arrive", above=0.0)
+    alpha: float = _f(0.65, "window growth exponent (KataGo's alpha), below 1", above=0.0, max=0.999999)
+    beta: float = _f(0.4, "window growth factor (KataGo's beta)", above=0.0)
+    max_samples_per_position: float = _f(8.0, "cap on samples drawn in all, per training position in the "
+                                         "store: past it the learner waits for new games (or stops)", above=0.0)
     val_percent: float = _f(5.0, "share of chunks (by name hash) held out for validation", min=0.0, max=100.0)
     workers: int = _f(2, "loader worker processes per rank", min=0)
     prefetch: int = _f(4, "batches each rank's loader keeps ready", min=1)
