@@ -102,7 +102,9 @@ def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_pat
             assert np.all(flags == ADJUDICATED_BIT | MAX_LENGTH_BIT) and results[0] == 0.0
         elif not cut:
             assert np.all(flags == 0) and final.is_game_over(claim_draw=True)
-    assert first.max_length == sum(1 for g in games if g["invariance_info"][0] & MAX_LENGTH_BIT)
+    assert sum(first.terminations.values()) == first.games
+    assert first.terminations.get("max_plies", 0) == sum(
+        1 for g in games if g["invariance_info"][0] & MAX_LENGTH_BIT)
 
     second = bootstrap_teacher(run, positions=60, seed=1, **kw)
     assert (second.added, second.positions) == (20, 60)
@@ -254,3 +256,39 @@ def test_pgn_import_resumes_without_duplicates_after_a_kill_between_commit_and_s
     rest = bootstrap_pgn(run, [pgn], positions_per_chunk=5, progress=False)
     assert (rest.games, rest.positions) == (2, 6)
     _check_pgn_records(_records(run, "pgn"))
+
+
+class _Tables:
+    """Answers probe_wdl like python-chess's Tablebase: a value for known positions, KeyError otherwise."""
+
+    def __init__(self, known):
+        self.known = known
+
+    def probe_wdl(self, board):
+        return self.known[board.epd()]
+
+
+def test_syzygy_adjudication_reads_wdl_from_the_side_to_move():
+    import chess
+
+    from trainer.bootstrap import _syzygy_result
+
+    white_to_move = chess.Board("8/8/8/8/8/8/4K3/k6Q w - - 0 1")
+    black_to_move = chess.Board("8/8/8/8/8/8/4K3/k6Q b - - 0 1")
+    tables = _Tables({white_to_move.epd(): 2, black_to_move.epd(): -2})
+    assert _syzygy_result(tables, white_to_move) == (True, True)          # white wins
+    assert _syzygy_result(tables, black_to_move) == (True, True)          # black to move loses
+    for cursed in (1, -1, 0):                                             # decided past 50 moves: a draw
+        assert _syzygy_result(_Tables({white_to_move.epd(): cursed}), white_to_move) == (True, None)
+    assert _syzygy_result(_Tables({}), white_to_move) == (False, None)    # no table
+    assert _syzygy_result(tables, chess.Board()) == (False, None)         # too many pieces
+    assert _syzygy_result(None, white_to_move) == (False, None)
+
+
+@needs_stockfish
+def test_labelling_cost_reports_each_setting():
+    from trainer.bootstrap import labelling_cost
+
+    rows = labelling_cost([STOCKFISH], [(1, 1), (2, 3)], seconds=0.05)
+    assert [(r["depth"], r["multipv"]) for r in rows] == [(1, 1), (2, 3)]
+    assert all(r["positions"] > 0 and r["ms_per_position"] > 0 for r in rows)

@@ -82,10 +82,11 @@ import os
 import shlex
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import chess
 import chess.engine
@@ -108,6 +109,7 @@ __all__ = [
     "default_teacher",
     "bootstrap_teacher",
     "bootstrap_pgn",
+    "labelling_cost",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -146,8 +148,8 @@ class TeacherSummary:
     positions: int           # teacher positions in the store now
     added: int               # positions this run wrote
     games: int               # games this run wrote (the last one maybe cut to reach ``positions``)
-    adjudicated: int         # of those, ended by Syzygy or at max_plies
-    max_length: int          # of those, drawn at max_plies
+    terminations: dict[str, int]   # how those games ended: python-chess's Termination names
+                                   # ("checkmate", "threefold_repetition", ...), "syzygy", "max_plies"
     seconds: float
 
 
@@ -242,7 +244,7 @@ class _Teacher:
         except (chess.engine.EngineError, chess.engine.EngineTerminatedError, TimeoutError) as exc:
             raise TeacherError(f"teacher {self.name} did not start as a UCI engine: "
                                f"{exc or type(exc).__name__}") from None
-        options = {"Threads": 1, "Hash": hash_mb, "UCI_ShowWDL": True}
+        options: dict[str, str | int | bool] = {"Threads": 1, "Hash": hash_mb, "UCI_ShowWDL": True}
         if syzygy:
             options["SyzygyPath"] = syzygy
         try:
@@ -304,22 +306,21 @@ class _GameSettings:
 
 class _Game(NamedTuple):
     records: np.ndarray
-    termination: str      # python-chess's Termination name, "syzygy" or "max_plies"
-    adjudicated: bool
-    max_length: bool
+    termination: str      # python-chess's Termination name (lower case), "syzygy" or "max_plies"
 
 
-def _syzygy_result(tablebase: chess.syzygy.Tablebase | None, board: chess.Board) -> bool | None | str:
-    """The winner (True/False/None for a draw) when the tablebases know the position, else "unknown"."""
+def _syzygy_result(tablebase: chess.syzygy.Tablebase | None,
+                   board: chess.Board) -> tuple[bool, bool | None]:
+    """(known, winner): whether the tablebases know the position, and the winner (None: a draw)."""
     if tablebase is None or board.castling_rights or chess.popcount(board.occupied) > 7:
-        return "unknown"
+        return False, None
     try:
         wdl = tablebase.probe_wdl(board)
     except (KeyError, ValueError):  # a missing table; castling or too many pieces
-        return "unknown"
+        return False, None
     if wdl in (-1, 0, 1):           # drawn, or decided only beyond the fifty-move rule
-        return None
-    return board.turn if wdl > 0 else not board.turn
+        return True, None
+    return True, board.turn if wdl > 0 else not board.turn
 
 
 def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Generator,
@@ -340,9 +341,9 @@ def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Genera
         if board.ply() >= settings.max_plies:
             winner, termination, adjudicated, max_length = None, "max_plies", True, True
             break
-        known = _syzygy_result(tablebase, board)
-        if known != "unknown":
-            winner, termination, adjudicated = known, "syzygy", True
+        known, winner = _syzygy_result(tablebase, board)
+        if known:
+            termination, adjudicated = "syzygy", True
             break
         if stop.is_set():
             return None
@@ -356,8 +357,7 @@ def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Genera
         labels.append(label)
         moves.append(move)
         board.push_uci(move)
-    return _Game(_teacher_records(labels, moves, winner, adjudicated, max_length),
-                 termination, adjudicated, max_length)
+    return _Game(_teacher_records(labels, moves, winner, adjudicated, max_length), termination)
 
 
 def _teacher_records(labels: list[_Label], moves: list[str], winner: bool | None,
@@ -402,8 +402,7 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
             game = _play_game(teacher, settings, rng, tablebase, stop)
             if game is None:
                 break
-            header = {"positions": len(game.records), "termination": game.termination,
-                      "adjudicated": game.adjudicated, "max_length": game.max_length}
+            header = {"positions": len(game.records), "termination": game.termination}
             conn.send_bytes(json.dumps(header).encode())
             conn.send_bytes(game.records.tobytes())
     except (BrokenPipeError, KeyboardInterrupt):
@@ -461,7 +460,7 @@ def bootstrap_teacher(
         progress_path = os.path.join(os.fspath(run_dir), _STATE_DIR, _TEACHER_STATE)
         done = max(_source_positions(store, TEACHER_SOURCE), _read_teacher_state(progress_path))
         if done >= positions:
-            return TeacherSummary(shlex.join(command), done, 0, 0, 0, 0, time.monotonic() - started)
+            return TeacherSummary(shlex.join(command), done, 0, 0, {}, time.monotonic() - started)
         probe = _Teacher(command, hash_mb=hash_mb)   # a bad command fails here, before any worker
         name = probe.id_name
         try:
@@ -473,7 +472,8 @@ def bootstrap_teacher(
         stop = ctx.Event()
         procs: list[Any] = []
         conns: dict[Connection, int] = {}
-        added = games = adjudicated = max_length = 0
+        added = games = 0
+        terminations: dict[str, int] = {}
         bar = _progress_bar(positions, done, "teacher", progress)
         try:
             for k in range(min(workers, need)):
@@ -488,7 +488,7 @@ def bootstrap_teacher(
                               positions_per_chunk=positions_per_chunk) as writer:
                 last_commit = time.monotonic()
                 while added < need:
-                    for conn in wait(list(conns), timeout=1.0):
+                    for conn in cast(list[Connection], wait(list(conns), timeout=1.0)):
                         header, records = _receive_game(conn, procs[conns[conn]], command)
                         take = min(len(records), need - added)
                         if take:
@@ -497,8 +497,8 @@ def bootstrap_teacher(
                             if committed is not None:
                                 last_commit = _committed(progress_path, done + added, writer)
                             games += 1
-                            adjudicated += header["adjudicated"]
-                            max_length += header["max_length"]
+                            end = header["termination"]
+                            terminations[end] = terminations.get(end, 0) + 1
                             bar.update(take)
                         if added >= need:
                             break
@@ -509,8 +509,7 @@ def bootstrap_teacher(
             stop.set()
             bar.close()
             _stop_workers(procs, list(conns))
-    return TeacherSummary(name, done + added, added, games, adjudicated, max_length,
-                          time.monotonic() - started)
+    return TeacherSummary(name, done + added, added, games, terminations, time.monotonic() - started)
 
 
 def _read_teacher_state(path: str) -> int:
@@ -528,6 +527,43 @@ def _committed(path: str, positions: int, writer: Any) -> float:
     """Record the teacher positions committed so far; returns the time, the start of the next commit interval."""
     atomic_write_text(path, json.dumps({"positions": positions - writer.buffered_positions}) + "\n")
     return time.monotonic()
+
+
+def labelling_cost(
+    teacher: Sequence[str] | None = None,
+    settings: Sequence[tuple[int, int]] = ((6, 1), (8, 1), (8, 4), (8, 8), (10, 1)),
+    *,
+    seconds: float = 10.0,
+    temperature: float = DEFAULT_TEMPERATURE,
+    seed: int = 0,
+) -> list[dict[str, float]]:
+    """Milliseconds a position costs one teacher process at each (depth, multipv), measured in play.
+
+    Each setting plays and labels games as :func:`bootstrap_teacher` does (one
+    thread, everything included) for about ``seconds``; this machine's figures
+    for choosing ``depth`` and ``multipv``.
+    """
+    never = threading.Event()
+    engine = _Teacher(list(teacher) if teacher else default_teacher())
+    rows = []
+    try:
+        for depth, multipv in settings:
+            engine.check_multipv(multipv)
+            game_settings = _GameSettings(depth, multipv, float(temperature), DEFAULT_RANDOM_MOVE_SHARE,
+                                          DEFAULT_OPENING_PLIES, DEFAULT_MAX_PLIES, None)
+            rng = np.random.default_rng([seed, depth, multipv])
+            positions = 0
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                game = _play_game(engine, game_settings, rng, None, never)
+                assert game is not None
+                positions += len(game.records)
+            elapsed = time.perf_counter() - start
+            rows.append({"depth": depth, "multipv": multipv, "positions": positions,
+                         "ms_per_position": 1e3 * elapsed / positions})
+    finally:
+        engine.close()
+    return rows
 
 
 def _check_teacher_args(**kw: Any) -> None:
