@@ -95,6 +95,7 @@ def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_pat
         length = int(game["plies_left"][0])
         cut = n == len(games) - 1 and game["plies_left"][-1] != 1   # the last game may be cut at 40
         assert cut or len(game) == length
+        np.testing.assert_array_equal(game["played_q"][:-1], -game["result_q"][1:])   # mover's view
         results = game["orig_q"] * np.where(np.arange(len(game)) % 2 == 0, 1, -1)
         assert np.all(results == results[0]) and results[0] in (-1.0, 0.0, 1.0)   # one result per game
         flags = game["invariance_info"]
@@ -214,6 +215,7 @@ def _check_pgn_records(records):
             draw = 1.0 if white_result == 0.0 else 0.0
             np.testing.assert_allclose(sample.wdl[i], [(1 - draw + q) / 2, draw, (1 - draw - q) / 2])
             assert sample.plies_left[i] == len(moves) - i
+            assert game["played_q"][i] == game["best_q"][i] == q        # the mover's view, like result_q
             assert game["played_idx"][i] == game["best_idx"][i] == move_to_index(board, move)
             board.push_uci(move)
 

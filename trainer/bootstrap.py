@@ -695,7 +695,7 @@ def _pgn_records(game: chess.pgn.Game) -> np.ndarray:
         try:
             records[i] = make_record(board, {move: 1.0}, result_q=q, result_d=d, plies_left=n - i,
                                      played=move, root=value, best=move, best_eval=value,
-                                     played_eval=Eval(-q, d, n - i - 1), nodes=0)
+                                     played_eval=Eval(q, d, n - i - 1), nodes=0)
         except ValueError as exc:  # a move or a rule-50 count the engine's board refuses
             raise _Skip("position refused", str(exc)) from None
         board.push_uci(move)
