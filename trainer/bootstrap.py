@@ -770,7 +770,9 @@ def bootstrap_pgn(
                         if buffered >= positions_per_chunk:
                             commit()
                         bar.update(base + reader.position() - bar.n)
-                        bar.set_postfix(games=games, positions=positions, refresh=False)
+                        rate = positions / max(bar.format_dict["elapsed"], 1e-3)
+                        bar.set_postfix_str(f"{games} games, {positions} positions, {rate:.0f} pos/s",
+                                            refresh=False)
                 finally:
                     reader.close()
                 entry["complete"] = True
