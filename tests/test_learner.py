@@ -145,7 +145,7 @@ def test_learning_rate_warm_up_and_schedules():
 
 def test_weight_decay_only_on_conv_and_linear_weights():
     net = build_net("1x8")
-    opt = make_optimizer(net, OptimizerConfig(weight_decay=1e-4))
+    opt = make_optimizer(net, OptimizerConfig(kind="sgd", weight_decay=1e-4))
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 1e-4 and plain["weight_decay"] == 0.0
     assert all(p.dim() > 1 for p in decayed["params"]) and all(p.dim() == 1 for p in plain["params"])
@@ -206,11 +206,10 @@ def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path):
+def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path, one_thread):
     """BatchNorm normalises each rank's half on its own, so the exact single-process equivalent
     is gradient accumulation over the same two halves; weights must agree to float rounding."""
     mp.spawn(_ddp_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    torch.set_num_threads(1)
     for kind in KINDS:
         net = build_net("2x16", seed=1)
         opt = make_optimizer(net, OptimizerConfig(kind=kind, lr=0.05))
@@ -234,7 +233,6 @@ TINY = """
 [model]
 net = "1x8"
 [optimizer]
-lr = 0.05
 warmup_steps = 2
 [train]
 batch_size = 16
@@ -330,7 +328,7 @@ def test_learn_writes_checkpoints_networks_generations_and_metrics(tmp_path):
         for key in ("loss_policy", "loss_value", "loss_moves_left", "loss_total", "lr", "window", "generation",
                     "val_policy_top1", "val_policy_ce", "val_value_ce", "val_moves_left"):
             assert math.isfinite(m[key]), key
-    assert metrics[0]["lr"] == pytest.approx(0.05) and metrics[-1]["generation"] == 2
+    assert metrics[0]["lr"] == pytest.approx(0.003) and metrics[-1]["generation"] == 2
     assert metrics[0]["window"] == ReplaySampler(ReplayStore(run), WindowConfig(floor=100000, val_percent=30),
                                                  16).window_positions
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(os.path.join(run, "tensorboard")))
@@ -343,14 +341,26 @@ def test_learn_writes_checkpoints_networks_generations_and_metrics(tmp_path):
     assert [s for s, _ in list_checkpoints(run)] == [10, 12]
 
 
-def test_sigkill_mid_run_resumes_at_the_checkpoint_step_and_cursor(tmp_path, caplog):
+@pytest.fixture(autouse=True)
+def one_thread():
+    """torch on one thread here and in the subprocesses (the environment it yields): the same sums
+    in the same order, so that runs compare to float rounding (AdamW turns a rounding difference
+    in a near-zero gradient into a step of about lr), and no thread of an op waits on a core
+    that another process holds (the machine is shared)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {**os.environ, "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(before)
+
+
+def test_sigkill_mid_run_resumes_at_the_checkpoint_step_and_cursor(tmp_path, caplog, one_thread):
     config = TINY.replace("workers = 0", "workers = 1")
     run = make_run(tmp_path / "run", config)
     twin = str(tmp_path / "twin")
     shutil.copytree(run, twin)
     code = ("import sys; from trainer.learner import learn; "
             "sys.exit(learn(sys.argv[1], steps=10, progress=False))")
-    env = {**os.environ, EXIT_HOOK_ENV: "0:6:kill"}  # SIGKILL itself after step 6 (checkpoint at 4)
+    env = {**one_thread, EXIT_HOOK_ENV: "0:6:kill"}  # SIGKILL itself after step 6 (checkpoint at 4)
     proc = subprocess.run([sys.executable, "-c", code, run], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -488,7 +498,7 @@ def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_pat
     stream = iter(stockfish_games(2000))
     config = TINY.replace('net = "1x8"', 'net = "2x16"').replace("batch_size = 16", "batch_size = 32").replace(
         "checkpoint_every = 4", "checkpoint_every = 100").replace("interval = 2", "interval = 20").replace(
-        "validation_positions = 48", "validation_positions = 256")
+        "validation_positions = 48", "validation_positions = 256").replace("warmup_steps = 2", "warmup_steps = 2\nlr = 0.006")
     run = make_run(tmp_path / "run", config, game=lambda rng: next(stream), games_per_chunk=1, positions=1800)
     code, lines = run_learn(run, steps=50)
     assert code == 0, lines
@@ -499,9 +509,10 @@ def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_pat
     trained = build_net(net_config(cfg), seed=None)
     trained.load_state_dict(torch.load(checkpoint_path(run, 50), weights_only=True)["model"])
     after = evaluate(trained, held_out, cfg.loss)
-    # About one pass over ~1,400 training positions. Measured over five splits: total -0.48..-0.69,
-    # policy CE -0.14..-0.19, top-1 +0.07..+0.10; the value CE moves either way on ~12 held-out games.
-    assert after["total"] < before["total"] - 0.25, (before, after)
+    # About one pass over ~1,400 training positions (AdamW 6e-3). Measured over four runs (the
+    # held-out chunks differ each time): total -0.31..-0.83, policy CE -0.10..-0.22, top-1
+    # +0.06..+0.12; the value CE moves either way on a dozen held-out games.
+    assert after["total"] < before["total"] - 0.2, (before, after)
     assert after["policy_ce"] < before["policy_ce"] - 0.05, (before, after)
     assert after["policy_top1"] > before["policy_top1"], (before, after)
 
@@ -518,7 +529,7 @@ def test_mixed_precision_step_on_cuda_tracks_float32(amp):
     results = {}
     for precision in ("fp32", amp):
         net = build_net("2x16", seed=1).to(device)
-        opt = make_optimizer(net, OptimizerConfig(lr=0.01))
+        opt = make_optimizer(net, OptimizerConfig(kind="sgd", lr=0.01))
         scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         first = None
         for _ in range(3):
@@ -569,12 +580,12 @@ def test_bench_train_measures_every_figure_in_one_run(capsys):
     json.dumps(figures)  # what --json prints
 
 
-def test_runs_unchanged_under_torchrun(tmp_path):
+def test_runs_unchanged_under_torchrun(tmp_path, one_thread):
     """torchrun makes the processes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): learn joins as a rank."""
     run = make_run(tmp_path / "run")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "trainer.cli", "learn", run, "--devices", "cpu", "--steps", "4", "--no-progress"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [s for s, _ in list_checkpoints(run)] == [4]
     assert proc.stderr.count("learner: done at step 4") == 1  # rank 0 alone reports

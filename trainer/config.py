@@ -57,21 +57,29 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """Optimiser and learning-rate schedule (the rate is per global batch)."""
+    """Optimiser and learning-rate schedule (the rate is per global batch).
 
-    kind: str = _f("sgd", "sgd (with momentum, Nesterov by default) or adamw", choices=("sgd", "adamw"))
-    lr: float = _f(0.1, "peak learning rate, reached after the warm-up", above=0.0)
+    The defaults were chosen by measurement: on 30k stockfish-labelled positions (a 2x32 net,
+    batch 64, one pass, two seeds) AdamW reached a held-out loss of 3.85-3.94 at rates
+    3e-3..1e-2, SGD with Nesterov momentum 4.02-4.12 at its best rates 0.05..0.2; and a
+    constant rate with the EMA weights (3.86-3.88) did as well as a cosine decay, without
+    needing the run's length in advance.
+    """
+
+    kind: str = _f("adamw", "adamw, or sgd (with momentum, Nesterov by default, as lc0)", choices=("sgd", "adamw"))
+    lr: float = _f(0.003, "peak learning rate, reached after the warm-up (adamw: 1e-3..1e-2; "
+                   "sgd: 0.02..0.2)", above=0.0)
     momentum: float = _f(0.9, "SGD momentum; AdamW's beta1", min=0.0, max=0.999999)
     nesterov: bool = _f(True, "SGD: Nesterov momentum (as lc0)")
     beta2: float = _f(0.999, "AdamW's beta2", min=0.0, max=0.999999)
-    weight_decay: float = _f(1e-4, "L2 on conv and linear weights (not batch norm, not biases); "
-                             "AdamW applies it decoupled, scaled by the rate", min=0.0)
+    weight_decay: float = _f(0.01, "weight decay on conv and linear weights (not batch norm, not biases): "
+                             "adamw decoupled (about 0.01); sgd an L2 term in the gradient (lc0: 1e-4)", min=0.0)
     warmup_steps: int = _f(250, "steps of linear warm-up from 0 to lr", min=0)
-    schedule: str = _f("cosine", "after the warm-up: cosine (lr -> min_lr over decay_steps), "
-                       "step (x gamma at each milestone) or constant", choices=("cosine", "step", "constant"))
+    schedule: str = _f("constant", "after the warm-up: constant, cosine (lr -> min_lr over decay_steps) "
+                       "or step (x gamma at each milestone)", choices=("cosine", "step", "constant"))
     decay_steps: int = _f(100_000, "cosine: steps (counted from the end of the warm-up) to reach min_lr; "
                           "min_lr after that", min=1)
-    min_lr: float = _f(0.001, "cosine: the rate at and after decay_steps", min=0.0)
+    min_lr: float = _f(3e-5, "cosine: the rate at and after decay_steps", min=0.0)
     milestones: list[int] = _f([100_000, 300_000, 500_000], "step: the steps at which the rate is "
                                "multiplied by gamma (AlphaZero's drops)")
     gamma: float = _f(0.1, "step: factor at each milestone", above=0.0)
