@@ -90,8 +90,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     boot.add_argument("run_dir", metavar="RUN_DIR")
     source = boot.add_mutually_exclusive_group(required=True)
-    source.add_argument("--teacher", metavar="CMD", nargs="?", const="stockfish",
-                        help="teacher engine command (default when given bare: Debian's stockfish)")
+    source.add_argument("--teacher", metavar="CMD", nargs="?", const="",
+                        help="teacher engine command (given bare: stockfish on PATH, or Debian's /usr/games/stockfish)")
     source.add_argument("--pgn", metavar="FILE", nargs="+", help="PGN files")
     source.add_argument("--lc0", metavar="FILE", nargs="+", help="lc0 training chunks (.gz) or .tar archives")
     boot.add_argument("--positions", type=int, help="(--teacher) positions to reach in all")
@@ -264,9 +264,14 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         if args.positions is None or args.positions < 1:
             parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
         options = {k: getattr(args, k) for k in ("workers", "depth", "multipv") if getattr(args, k) is not None}
-        summary = bootstrap.bootstrap_teacher(
-            args.run_dir, teacher=shlex.split(args.teacher), positions=args.positions, syzygy=args.syzygy,
-            seed=args.seed, progress=not args.no_progress, **options)
+        try:
+            teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
+            summary = bootstrap.bootstrap_teacher(
+                args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
+                seed=args.seed, progress=not args.no_progress, **options)
+        except bootstrap.TeacherError as exc:
+            print(f"cyzero-train bootstrap: error: {exc}", file=sys.stderr)
+            return 1
     elif args.pgn:
         summary = bootstrap.bootstrap_pgn(args.run_dir, args.pgn, progress=not args.no_progress)
     else:

@@ -127,7 +127,8 @@ def format_status(status: dict, now: float | None = None) -> str:
     lines = [f"run {status['run']}"]
     if d["chunks"]:
         sources = ", ".join(f"{name} {n:,}" for name, n in sorted(d["by_source"].items()))
-        lines.append(f"  data        {d['positions']:,} positions, {d['games']:,} games in {d['chunks']:,} chunks"
+        lines.append(f"  data        {d['positions']:,} positions, {d['games']:,} games in {d['chunks']:,} "
+                     f"chunk{'s' if d['chunks'] != 1 else ''}"
                      f" ({sources})")
         lines.append(f"  window      {d['window']:,} of {d['training_positions']:,} training positions"
                      f" (floor {d['window_floor']:,}); {d['validation_positions']:,} held out for validation")
