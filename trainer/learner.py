@@ -913,8 +913,8 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log) -> i
         torch.set_float32_matmul_precision("high")
     else:
         device = torch.device("cpu")
-        if world > 1:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // min(world, os.cpu_count() or 1)))
+        if world > 1:  # the ranks share the cores (or OMP_NUM_THREADS, torch's default, if set)
+            torch.set_num_threads(max(1, torch.get_num_threads() // world))
     if world > 1:
         dist.init_process_group(
             "nccl" if launch.kind == "cuda" else "gloo", init_method=launch.init_method, rank=rank,
