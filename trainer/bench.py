@@ -45,7 +45,7 @@ def synthetic_records(n: int, seed: int = 0) -> np.ndarray:
     from trainer.records import RECORD_DTYPE, Eval, make_record
 
     rng = random.Random(seed)
-    records = []
+    records: list[np.void] = []
     while len(records) < n:
         board = Board()
         length = rng.randrange(20, 120)

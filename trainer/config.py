@@ -215,7 +215,7 @@ def _check_value(key: str, field: dataclasses.Field, kind, value):
 
 def _model_name_ok(name: str) -> bool:
     match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", name, re.IGNORECASE)
-    return bool(match) and int(match.group(1)) >= 1 and int(match.group(2)) >= 1
+    return match is not None and int(match.group(1)) >= 1 and int(match.group(2)) >= 1
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:

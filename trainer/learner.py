@@ -178,7 +178,8 @@ def compute_losses(out: NetOutput, batch, cfg: LossConfig) -> dict[str, torch.Te
 def make_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """SGD (Nesterov) or AdamW; weight decay only on conv and linear weights (lc0's L2 term):
     the first param group holds those, the second the batch-norm parameters and biases."""
-    decay, plain = [], []
+    decay: list[nn.Parameter] = []
+    plain: list[nn.Parameter] = []
     for param in model.parameters():
         (decay if param.dim() > 1 else plain).append(param)
     groups = [{"params": decay}, {"params": plain}]
@@ -248,7 +249,7 @@ def train_step(
     sums: dict[str, torch.Tensor] = {}
     for i, batch in enumerate(batches):
         sync = i == n - 1 or not isinstance(model, DistributedDataParallel)
-        with contextlib.nullcontext() if sync else model.no_sync():
+        with contextlib.nullcontext() if sync else model.no_sync():  # type: ignore[operator]
             with _autocast(batch.planes.device, amp_dtype):
                 out = model(batch.planes)
             losses = compute_losses(out, batch, loss_cfg)
@@ -535,13 +536,15 @@ class _Learner:
             self.sampler.load_state_dict(sampler_state)
         else:
             self._refresh()
+        self._pending = 0  # steps whose losses are summed in _sums, not yet logged
+        self._sums = torch.zeros(5, device=device)
         self.reporter = _Reporter(self, launch) if rank == 0 else None
         self._exit_at = _exit_hook(rank)
 
     # ---------------------------------------------------------------- checkpoints
 
     def _load(self, path: str) -> dict:
-        data = _read_checkpoint(path, int(re.search(r"step-(\d+)", path).group(1)))
+        data = _read_checkpoint(path, int(os.path.basename(path)[5:-3]))
         self.net.load_state_dict(data["model"])
         before = data["train_config"].get("optimizer", {}).get("kind")
         if before == self.cfg.optimizer.kind:
@@ -591,8 +594,9 @@ class _Learner:
         validation batch; the one with the lower total loss is exported (the raw weights
         when there is no validation data to decide with)."""
         candidates: dict[str, Net] = {"raw": self.net}
-        if self.averager is not None and self.averager.weights is not None:
-            candidates[self.averager.kind] = self.averager.averaged(self.net_config).to(self.device)
+        averaged = self.averager.averaged(self.net_config) if self.averager is not None else None
+        if averaged is not None:
+            candidates[self.averager.kind] = averaged.to(self.device)  # type: ignore[union-attr]
         scores: dict[str, dict[str, float]] = {}
         chosen = "raw"
         val = self._validation_batch()
@@ -651,7 +655,8 @@ class _Learner:
             path = self._write_checkpoint()
             self.log(f"learner: step {self.step:,}: checkpoint {os.path.relpath(path, self.run_dir)}")
             self._export_generation()
-            self.reporter.restart_clock()
+            if self.reporter is not None:
+                self.reporter.restart_clock()
         self.checkpoint_step = self.step
 
     # ---------------------------------------------------------------- data
@@ -743,8 +748,6 @@ class _Learner:
         self.log(f"learner: done at step {self.step:,}, generation {self.generation}")
         return 0
 
-    _pending = 0
-
     def _collect(self, stats: dict[str, torch.Tensor]) -> None:
         keys = ("policy", "value", "moves_left", "total", "grad_norm")
         values = torch.stack([stats[k].float() for k in keys])
@@ -802,7 +805,7 @@ class _Reporter:
     def __init__(self, learner: _Learner, launch: _Launch):
         self.learner = learner
         self.log = learner.log
-        self.bar = None
+        self.bar: Any = None
         self.writer = None
         self.progress = launch.progress
         try:
@@ -1075,7 +1078,7 @@ def learn(
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
             failure = _describe_failure(exc, context.processes, context.error_files)
         else:
-            failure = None
+            failure = ""
         finally:
             lines.put(None)
             forward.join(5.0)
