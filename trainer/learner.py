@@ -11,13 +11,16 @@ gloo on CPU, nccl on CUDA), or, when started by ``torchrun`` (``RANK``/``WORLD_S
 
 Each step every rank takes its slice of the same global batch (``ReplayLoader``), DDP averages
 the gradients, and every rank applies the same update (:func:`train_step`). Losses are lc0's
-(:func:`compute_losses`). Every ``checkpoint_every`` steps and at the end, rank 0 writes
-``checkpoints/step-XXXXXXXX.pt`` atomically, exports ``networks/gen-XXXXX.onnx`` (with its
-sha256) through :func:`trainer.export.export_onnx` and appends the generation to
-``generations.jsonl``; then every rank takes a new snapshot of the replay manifest at the
-same step. Running the same command again resumes from the newest checkpoint that loads, at
-its step and with its sampling cursor; ``steps`` is the step to stop at, counted from the
-start of the run, so a resumed command finishes where the first one would have.
+(:func:`compute_losses`). Every ``checkpoint_every`` steps and at the end, every rank takes
+the same new snapshot of the replay manifest, then rank 0 writes ``checkpoints/step-XXXXXXXX.pt``
+atomically (with that snapshot's cursor), exports ``networks/gen-XXXXX.onnx`` (with its sha256)
+through :func:`trainer.export.export_onnx` (the EMA/SWA weights when they score better on the
+validation batch) and appends the generation to ``generations.jsonl``. Running the same
+command again resumes from the newest checkpoint that loads, at its step and with its
+sampling cursor, and samples the batches the first run would have; ``steps`` is the step to
+stop at, counted from the start of the run, so a resumed command finishes where the first
+one would have. When the sampling cap is reached the learner stops (final checkpoint) or,
+with ``follow``, waits for new games.
 
 A rank that dies takes the group down: the parent sees it, stops the others and says which
 rank and how it ended; a rank blocked on a dead peer fails after the process-group timeout
@@ -57,7 +60,7 @@ from trainer.model import Net, NetConfig, NetOutput, build_net
 
 __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "net_config", "compute_losses", "policy_cross_entropy",
-    "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path",
+    "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path", "network_path",
     "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
     "GENERATIONS_FILE", "TENSORBOARD_DIR",
 ]
