@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 
 import pytest
@@ -104,3 +105,13 @@ def test_configs_are_frozen():
     config = default_config()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.train.batch_size = 3  # type: ignore[misc]
+
+
+def test_the_training_guide_shows_the_config_table():
+    """docs/training.md's table is markdown_table() as it is now (regenerate it when a key changes)."""
+    from trainer.config import markdown_table
+
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "docs", "training.md"), encoding="utf-8").read()
+    start = guide.index("<!-- config-table")
+    body = guide[guide.index("\n", start) + 1: guide.index("<!-- end config-table -->")]
+    assert body.strip() == markdown_table().strip()

@@ -609,3 +609,24 @@ def test_resume_exports_a_lost_generation_and_never_reuses_a_number(tmp_path):
     code, out = run_learn(run, steps=12)
     assert code == 0 and any("the next generation is 4" in ln for ln in out)
     assert [(g["generation"], g["step"]) for g in map(json.loads, open(path))] == [(1, 4), (2, 8), (3, 10), (4, 12)]
+
+
+def test_retention_prunes_old_chunks_outside_the_window_and_old_networks(tmp_path):
+    """replay.keep_positions and replay.keep_networks act at each checkpoint; a chunk inside the
+    window the learner samples is never pruned, whatever keep_positions says."""
+    config = TINY.replace("floor = 100000", "floor = 40\nkeep_positions = 1\nkeep_networks = 1")
+    run = make_run(tmp_path / "run", config=config, games_per_chunk=1, positions=600)
+    store = ReplayStore(run)
+    before = store.entries()
+    code, lines = run_learn(run, steps=8)
+    assert code == 0, lines
+    after = store.entries()
+    removed = [e for e in before if e not in after]
+    assert removed and after == before[len(removed):]  # the oldest went, in order
+    assert any("retention: pruned" in line for line in lines)
+    for e in removed:
+        assert not os.path.exists(os.path.join(run, "replay", "chunks", e.name))
+    sampler = ReplaySampler(store, WindowConfig(floor=40, val_percent=30), 16)
+    sampler.refresh()
+    assert 0 < sampler.window_positions <= sampler.training_positions  # the window is still all there
+    assert sorted(os.listdir(os.path.join(run, "networks"))) == ["gen-00002.onnx", "gen-00002.onnx.sha256"]

@@ -245,7 +245,7 @@ def test_cap_starves_the_loader_until_new_data_arrives(tmp_path):
     loader = ReplayLoader(store, sampler, workers=0)
     got = [next(loader) for _ in range(5)]       # 2 x 80 = 160 samples: five batches of 32
     assert sampler.samples_drawn == 160
-    with pytest.raises(DataStarved, match=r"192.*cap of 2 per training position x 80 positions = 160.*wait"):
+    with pytest.raises(DataStarved, match=r"192.*cap of 2 per training position x 80 positions = 160.*add data"):
         next(loader)
     sampler.refresh()                            # nothing new: still starved
     with pytest.raises(DataStarved):

@@ -138,6 +138,10 @@ class ReplayConfig:
     prefetch: int = _f(4, "batches each rank's loader keeps ready", min=1)
     validation_positions: int = _f(1024, "held-out positions evaluated at every log interval and checkpoint "
                                    "(0: none)", min=0)
+    keep_positions: int = _f(0, "retention: at each checkpoint delete the oldest chunks wholly outside the "
+                             "newest keep_positions positions (never inside the window; 0: keep everything)", min=0)
+    keep_networks: int = _f(0, "retention: at each checkpoint delete all but the newest keep_networks exported "
+                            "networks (0: keep every generation)", min=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -658,9 +658,28 @@ class _Learner:
             path = self._write_checkpoint()
             self.log(f"learner: step {self.step:,}: checkpoint {os.path.relpath(path, self.run_dir)}")
             self._export_generation()
+            self._apply_retention()
             if self.reporter is not None:
                 self.reporter.restart_clock()
         self.checkpoint_step = self.step
+
+    def _apply_retention(self) -> None:
+        """``replay.keep_positions`` and ``replay.keep_networks``: drop old chunks (never one inside
+        the window just snapshotted) and old generations' networks."""
+        keep = self.cfg.replay.keep_positions
+        if keep:
+            removed = self.store.prune(max(keep, self.sampler.window_positions))
+            if removed:
+                self.log(f"learner: retention: pruned {len(removed)} chunks outside the newest "
+                         f"{max(keep, self.sampler.window_positions):,} positions")
+        keep = self.cfg.replay.keep_networks
+        if keep:
+            folder = os.path.join(self.run_dir, NETWORK_DIR)
+            for name in os.listdir(folder):
+                match = re.fullmatch(r"gen-(\d+)\.onnx(?:\.sha256)?", name)
+                if match and int(match.group(1)) <= self.generation - keep:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(folder, name))
 
     # ---------------------------------------------------------------- data
 
@@ -966,7 +985,8 @@ def _resolve_config(run_dir: str, config_path: str | os.PathLike | None, write: 
         old = None
     if write and old != text:
         if old is not None:
-            log(f"learner: {run_file} updated from {config_path}")
+            source = config_path if config_path is not None else "its own keys and the defaults"
+            log(f"learner: {run_file} rewritten with every key, from {source}")
         atomic_write_text(run_file, text)
     return config
 

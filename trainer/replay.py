@@ -560,14 +560,14 @@ class ReplaySampler:
 
     def starved_message(self) -> str:
         if self.training_positions == 0:
-            return (f"{self.store.manifest} lists no training positions yet: bootstrap, import lc0 data "
-                    "or start self-play, then refresh")
+            return (f"{self.store.manifest} lists no training positions yet: add data first "
+                    "(cyzero-train bootstrap, or self-play)")
         cap = self.window.max_samples_per_position
         return (
             f"batch {self.next_batch} would bring the samples drawn to "
             f"{self.samples_drawn + self.batch_size:,}, past the cap of {cap:g} per training position x "
-            f"{self.training_positions:,} positions = {cap * self.training_positions:,.0f}: wait for new "
-            "games and refresh(), or raise max_samples_per_position"
+            f"{self.training_positions:,} positions = {cap * self.training_positions:,.0f}: add data "
+            "(bootstrap, self-play) and run again, or raise replay.max_samples_per_position"
         )
 
     def advance(self) -> None:
