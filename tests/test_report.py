@@ -14,7 +14,8 @@ from engine.board import Board  # noqa: E402
 from trainer.cli import main  # noqa: E402
 from trainer.records import Eval, make_record  # noqa: E402
 from trainer.replay import ReplayStore, is_validation  # noqa: E402
-from trainer.report import format_status, read_jsonl, run_status  # noqa: E402
+from trainer.atomic import read_jsonl  # noqa: E402
+from trainer.report import format_status, run_status  # noqa: E402
 
 
 def _game(moves=("e2e4", "e7e5", "g1f3")):

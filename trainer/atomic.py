@@ -23,6 +23,7 @@ fetched networks too and may not import ``trainer``; they are re-exported here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -76,8 +77,41 @@ def atomic_write_with_sha256(path: str | os.PathLike, data: bytes) -> str:
     return digest
 
 
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON line to an append-only log with a single write, fsynced.
+
+    A reader (:func:`read_jsonl`) skips a torn last line, so a writer killed mid-line
+    costs that line only; the log is never rewritten.
+    """
+    line = (json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of an append-only log; a torn or garbled line (a writer mid-line) is skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
 __all__ = [
     "SHA256_SUFFIX", "fsync_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text",
     "sha256_bytes", "sha256_file", "sha256_path", "write_sha256", "read_sha256", "verify_sha256",
-    "atomic_write_with_sha256",
+    "atomic_write_with_sha256", "append_jsonl", "read_jsonl",
 ]

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.atomic import atomic_write_bytes, atomic_write_text
+from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from trainer.config import (
     CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config, from_dict,
     load_config, model_differences, to_toml,
@@ -431,34 +431,6 @@ def load_newest_checkpoint(run_dir: str | os.PathLike, log: Log = _stderr) -> tu
     return None
 
 
-def _append_jsonl(path: str, record: dict) -> None:
-    """One JSON line appended with a single write and fsynced (a reader skips a torn last line)."""
-    line = (json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records
-
-
 @contextlib.contextmanager
 def _run_lock(run_dir: str):
     """One learner per run: an exclusive flock on RUN/learner.lock (released when the process dies)."""
@@ -628,7 +600,7 @@ class _Learner:
         for name, score in scores.items():
             if name != chosen:
                 record[f"val_{name}"] = score
-        _append_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE), record)
+        append_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE), record)
         self.log(f"learner: step {self.step:,}: generation {self.generation} -> {record['onnx']} "
                  f"({chosen} weights{_fmt_val(scores.get(chosen))})")
 
@@ -638,7 +610,7 @@ class _Learner:
         Generation numbers are never reused: engines ignore a generation they have seen, so
         when generations.jsonl lists newer ones than the checkpoint (their checkpoints were
         damaged or deleted), the numbering continues after the newest."""
-        recorded = {r.get("generation") for r in _read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE))}
+        recorded = {r.get("generation") for r in read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE))}
         newest = max((g for g in recorded if isinstance(g, int)), default=0)
         if newest > self.generation:
             self.log(f"learner: generations up to {newest} came from checkpoints after step {self.step:,} that "
@@ -885,7 +857,7 @@ class _Reporter:
         if val is not None:
             for key, value in evaluate(learner.net, val, learner.cfg.loss).items():
                 record[f"val_{key}"] = value
-        _append_jsonl(os.path.join(learner.run_dir, METRICS_FILE), record)
+        append_jsonl(os.path.join(learner.run_dir, METRICS_FILE), record)
         if self.writer is not None:
             for key, value in record.items():
                 if key not in ("step", "time"):

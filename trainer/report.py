@@ -9,34 +9,16 @@ run directory's layout is described in ``docs/training.md``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any
 
-from trainer.atomic import atomic_open
-
-METRICS_FILE = "metrics.jsonl"
-GENERATIONS_FILE = "generations.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-
-
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    """The JSON objects of an append-only log, skipping a torn or garbled line (a writer may be mid-line)."""
-    try:
-        f = open(path, encoding="utf-8")
-    except FileNotFoundError:
-        return
-    with f:
-        for line in f:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                yield value
+from trainer.atomic import atomic_open, read_jsonl
+from trainer.config import load_run_config
+from trainer.learner import GENERATIONS_FILE, METRICS_FILE, list_checkpoints
+from trainer.replay import ReplayStore, is_validation, window_size
 
 
 def _ago(seconds: float) -> str:
@@ -57,27 +39,8 @@ def _number(value: Any) -> str:
     return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _checkpoints(run_dir: str) -> list[tuple[int, str]]:
-    folder = os.path.join(run_dir, CHECKPOINT_DIR)
-    found = []
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    for name in names:
-        if name.startswith("step-") and name.endswith(".pt"):
-            try:
-                found.append((int(name[5:-3]), os.path.join(folder, name)))
-            except ValueError:
-                continue
-    return sorted(found)
-
-
 def run_status(run_dir: str | os.PathLike) -> dict:
     """The run's state as plain data (what ``status --json`` prints)."""
-    from trainer.replay import ReplayStore, is_validation, window_size
-    from trainer.config import load_run_config
-
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"no run directory {run_dir}")
@@ -103,7 +66,7 @@ def run_status(run_dir: str | os.PathLike) -> dict:
     }
     generations = list(read_jsonl(os.path.join(run_dir, GENERATIONS_FILE)))
     metrics = list(read_jsonl(os.path.join(run_dir, METRICS_FILE)))
-    checkpoints = _checkpoints(run_dir)
+    checkpoints = list_checkpoints(run_dir)
     return {
         "run": os.path.abspath(run_dir),
         "data": data,
@@ -219,4 +182,4 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     return written
 
 
-__all__ = ["read_jsonl", "run_status", "format_status", "plot_run"]
+__all__ = ["run_status", "format_status", "plot_run"]
