@@ -98,6 +98,13 @@ def _build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--workers", type=int, default=None, help="(--teacher) teacher processes (default: cores)")
     boot.add_argument("--depth", type=int, default=None, help="(--teacher) search depth per position")
     boot.add_argument("--multipv", type=int, default=None, help="(--teacher) moves scored per position")
+    boot.add_argument("--temperature", type=float, default=None,
+                      help="(--teacher) MultiPV softmax temperature in centipawns")
+    boot.add_argument("--random-move-share", type=float, default=None,
+                      help="(--teacher) share of uniformly random moves after the opening")
+    boot.add_argument("--opening-plies", type=int, default=None,
+                      help="(--teacher) random opening plies: between half of this and this many")
+    boot.add_argument("--max-plies", type=int, default=None, help="(--teacher) game length adjudicated a draw")
     boot.add_argument("--syzygy", metavar="DIR", default=None, help="(--teacher) Syzygy tablebases for adjudication")
     boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed")
     boot.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -112,9 +119,13 @@ def _build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
 
-    bench = sub.add_parser("bench", help="trainer benchmarks (bench train)",
+    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap)",
                            description="Benchmarks of the training system, measured side by side in one run.")
-    bench.add_argument("what", choices=["train"], help="train: learner, raw step and loader samples/s")
+    bench.add_argument("what", choices=["train", "bootstrap"],
+                       help="train: learner, raw step and loader samples/s; "
+                            "bootstrap: the teacher's ms a position at each depth and MultiPV")
+    bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
+    bench.add_argument("--seconds", type=float, default=10.0, help="(bootstrap) seconds of play per setting")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -263,13 +274,14 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     if args.teacher is not None:
         if args.positions is None or args.positions < 1:
             parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
-        options = {k: getattr(args, k) for k in ("workers", "depth", "multipv") if getattr(args, k) is not None}
+        options = {k: getattr(args, k) for k in ("workers", "depth", "multipv", "temperature", "random_move_share",
+                                                 "opening_plies", "max_plies") if getattr(args, k) is not None}
         try:
             teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
             summary = bootstrap.bootstrap_teacher(
                 args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
                 seed=args.seed, progress=not args.no_progress, **options)
-        except bootstrap.TeacherError as exc:
+        except RuntimeError as exc:  # TeacherError, or another bootstrap holding the run
             print(f"cyzero-train bootstrap: error: {exc}", file=sys.stderr)
             return 1
     elif args.pgn:
@@ -299,6 +311,20 @@ def plot_main(args: argparse.Namespace) -> int:
 
 
 def bench_main(args: argparse.Namespace) -> int:
+    if args.what == "bootstrap":
+        import shlex
+
+        from trainer.bootstrap import labelling_cost
+
+        figures = labelling_cost(shlex.split(args.teacher) if args.teacher else None, seconds=args.seconds)
+        if not args.json:
+            print("cyzero-train bench bootstrap: one teacher process, one thread, in play (labels included)")
+            for row in figures:
+                print(f"  depth {row['depth']:>2}  MultiPV {row['multipv']}  {row['ms_per_position']:6.1f} ms a position"
+                      f"  ({row['positions']:,} positions)")
+            return 0
+        print(json.dumps(figures, indent=2))
+        return 0
     from trainer.bench import bench_train
 
     figures = bench_train(print_report=not args.json)

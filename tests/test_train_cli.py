@@ -1,0 +1,78 @@
+"""`cyzero-train` end to end: bootstrap from the real stockfish, learn, status, and the one-line errors."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("torch", reason="cyzero-train needs the train extra (pip install 'cyzero[train]')")
+
+from trainer.cli import main  # noqa: E402
+from trainer.replay import ReplayStore  # noqa: E402
+
+STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
+needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="no stockfish on PATH or at /usr/games/stockfish")
+
+pytestmark = pytest.mark.timeout(180)
+
+TINY = """
+[model]
+net = "1x8"
+[train]
+batch_size = 16
+checkpoint_every = 3
+[replay]
+floor = 1000
+workers = 0
+val_percent = 0
+validation_positions = 0
+"""
+
+
+@needs_stockfish
+def test_bootstrap_learn_status_from_the_command_line(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    # A bare --teacher finds Debian's stockfish even where /usr/games is not on PATH.
+    args = ["bootstrap", run, "--teacher", "--positions", "60", "--workers", "1", "--depth", "2",
+            "--max-plies", "40", "--opening-plies", "4", "--no-progress"]
+    assert main(args) == 0
+    assert ReplayStore(run).total_positions() == 60
+    assert main(args) == 0  # resumed: nothing left to add
+    assert ReplayStore(run).total_positions() == 60
+
+    with open(os.path.join(run, "config.toml"), "w") as f:
+        f.write(TINY)
+    assert main(["learn", run, "--steps", "3", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["status", run, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["checkpoint"]["step"] == 3 and status["generation"]["generation"] == 1
+    assert status["data"]["by_source"] == {"teacher": 60}
+    assert os.path.exists(os.path.join(run, status["generation"]["onnx"]))
+
+
+@needs_stockfish
+def test_bench_bootstrap_reports_each_setting(capsys):
+    assert main(["bench", "bootstrap", "--seconds", "0.2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["depth"], r["multipv"]) for r in rows] == [(4, 1), (6, 1), (6, 4), (8, 1), (8, 4), (8, 8)]
+    assert all(r["positions"] > 0 and r["ms_per_position"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bootstrap", "{run}", "--teacher", "no-such-engine-here", "--positions", "5"], "cannot start teacher"),
+    (["bootstrap", "{run}", "--teacher"], "--teacher needs --positions"),
+    (["bootstrap", "{run}", "--pgn", "{run}/missing.pgn"], "missing.pgn"),
+    (["learn", "{run}", "--devices", "tpu:3"], "--devices"),
+    (["learn", "{run}", "--steps", "0"], "--steps must be at least 1"),
+])
+def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, capsys, args, message):
+    run = str(tmp_path / "run")
+    try:
+        code = main([a.format(run=run) for a in args])
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    assert code != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
