@@ -500,11 +500,9 @@ class _Learner:
             self.model = DistributedDataParallel(
                 self.net, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
-        from trainer.replay import ReplaySampler, ReplayStore, WindowConfig
+        from trainer.replay import ReplaySampler, ReplayStore
 
-        r = self.cfg.replay
-        self.window = WindowConfig(floor=r.floor, alpha=r.alpha, beta=r.beta,
-                                   max_samples_per_position=r.max_samples_per_position, val_percent=r.val_percent)
+        self.window = self.cfg.replay
         self.store = ReplayStore(self.run_dir)
         self.sampler = ReplaySampler(self.store, self.window, self.cfg.train.batch_size, seed=self.cfg.train.seed)
         if sampler_state is not None:

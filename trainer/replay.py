@@ -63,6 +63,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from engine.files import atomic_open, fsync_dir
+from trainer.config import ReplayConfig
 from trainer.records import (
     RECORD_BYTES,
     RECORD_DTYPE,
@@ -441,15 +442,9 @@ def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.
     return min(int(total), int(w))
 
 
-@dataclass
-class WindowConfig:
-    """The sampling window and its limits (the ``[replay]`` section of the training config)."""
-
-    floor: int = 250_000                    # KataGo's minimum window, in positions
-    alpha: float = 0.65
-    beta: float = 0.4
-    max_samples_per_position: float = 8.0   # samples drawn per training position before the learner waits
-    val_percent: float = 5.0                # share of chunks held out for validation (by name hash)
+#: The window's settings (floor, alpha, beta, max_samples_per_position, val_percent) are the
+#: ``[replay]`` section of the training config: one table, declared once in trainer.config.
+WindowConfig = ReplayConfig
 
 
 class DataStarved(RuntimeError):
