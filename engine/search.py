@@ -913,7 +913,8 @@ class Searcher:
                 with self._tree_lock:
                     if stop.is_set() or move.update(time.monotonic()):
                         return
-            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set, on_round=self._on_round)
+            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set,
+                       on_round=lambda now: self._on_round(now, stop))
             if stop.is_set():
                 return
             if ponderhit.is_set():
@@ -934,18 +935,27 @@ class Searcher:
             driver = self._driver = Driver(size, pipeline)
         return driver
 
-    def _on_round(self, now: float) -> None:
+    def _on_round(self, now: float, stop: threading.Event) -> None:
         """After each backup (tree lock held): an info report when the best move changed or
-        ``info_interval_s`` passed."""
+        ``info_interval_s`` passed.
+
+        Never after the best move: ``stop`` (or the watchdog) may report it from the last
+        snapshot while this thread still holds the tree lock, so the check and the report
+        happen under the lock ``_finish`` reports under (it only tries the tree lock, so
+        taking the two in this order cannot deadlock).
+        """
         best = self.tree.best_move()
         if best != self._last_best or now - self._last_info_at >= self.info_interval_s:
-            self._last_best = best
-            self._last_info_at = now
-            info = self.info()
-            self._last_info = info
-            self._on_info(info)
-            pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
-            self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
+            with self._done_lock:
+                if self._done or stop.is_set():
+                    return
+                self._last_best = best
+                self._last_info_at = now
+                info = self.info()
+                self._last_info = info
+                self._on_info(info)
+                pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
+                self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
 
     def _finish(self, generation: Optional[int] = None) -> None:
         """Report the best move once per go (from stop() or the thread, whichever is first).

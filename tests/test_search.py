@@ -365,3 +365,26 @@ def test_nodes_limit_is_not_overshot_by_a_batch(pipeline):
         s.new_game()
         run(s, Board(), GoParams(nodes=nodes))
         assert s.tree.nodes == nodes
+
+
+def test_no_info_after_the_best_move_when_stop_meets_an_info_report():
+    """stop() reports from the last snapshot when the search thread holds the tree lock; an
+    info that thread was about to send must then not follow the best move (a GUI reads a
+    bestmove as the end of the search's output)."""
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
+    order = []
+    in_report = threading.Event()
+    slow_info = s.info
+
+    def info(*args, **kwargs):     # the search thread inside an info report, tree lock held
+        if threading.current_thread().name == "cyzero-search" and s.tree.nodes > 200:
+            in_report.set()
+            time.sleep(0.2)
+        return slow_info(*args, **kwargs)
+
+    s.info = info
+    s.start(Board(), GoParams(infinite=True), lambda i: order.append("info"), lambda r: order.append("best"))
+    assert in_report.wait(TIMEOUT), "no info report came"
+    s.stop()
+    s.wait(TIMEOUT)
+    assert order.count("best") == 1 and order[-1] == "best", order[-5:]
