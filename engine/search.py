@@ -687,6 +687,9 @@ class Searcher:
         self._stop = threading.Event()
         self._ponderhit = threading.Event()
         self._done_lock = threading.Lock()
+        # Orders the reports: held while an info or the best move is sent, never while waiting
+        # for another lock (see _on_round).
+        self._report_lock = threading.Lock()
         self._done = True
         self._generation = 0             # counts the go commands; a search acts only for its own
         self._positioned = -1            # the generation whose position the tree holds
@@ -941,12 +944,12 @@ class Searcher:
 
         Never after the best move: ``stop`` (or the watchdog) may report it from the last
         snapshot while this thread still holds the tree lock, so the check and the report
-        happen under the lock ``_finish`` reports under (it only tries the tree lock, so
-        taking the two in this order cannot deadlock).
+        happen under ``_report_lock``, which ``_finish`` reports under. (Not ``_done_lock``:
+        ``start`` holds that while it waits for the tree lock this thread holds.)
         """
         best = self.tree.best_move()
         if best != self._last_best or now - self._last_info_at >= self.info_interval_s:
-            with self._done_lock:
+            with self._report_lock:
                 if self._done or stop.is_set():
                     return
                 self._last_best = best
@@ -982,9 +985,10 @@ class Searcher:
             move = self._move
             if move is not None and not move.budget.until_stop:
                 self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
-            if result.info is not None and not result.info.same_search_state(self._last_info):
-                self._on_info(result.info)
-            self._on_best(result)
+            with self._report_lock:
+                if result.info is not None and not result.info.same_search_state(self._last_info):
+                    self._on_info(result.info)
+                self._on_best(result)
 
     # -- reports -------------------------------------------------------------
 

@@ -388,3 +388,31 @@ def test_no_info_after_the_best_move_when_stop_meets_an_info_report():
     s.stop()
     s.wait(TIMEOUT)
     assert order.count("best") == 1 and order[-1] == "best", order[-5:]
+
+
+def test_a_new_go_during_an_info_report_neither_deadlocks_nor_reports_late():
+    """start() holds the go lock while it waits for the tree lock, which the old search thread
+    holds while it reports: the report must not wait for the go lock (a deadlock a loaded CI run
+    found), and the old search's info must not follow its best move."""
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
+    order = []
+    in_report = threading.Event()
+    report = s._on_round
+
+    def slow_report(now, stop):    # the search thread, tree lock held, about to report
+        if s.tree.nodes > 200 and not in_report.is_set():
+            in_report.set()
+            time.sleep(0.3)
+        return report(now, stop)
+
+    s._on_round = slow_report
+    s.start(Board(), GoParams(infinite=True), lambda i: order.append("info 1"), lambda r: order.append("best 1"))
+    assert in_report.wait(TIMEOUT), "no info report came"
+    second = Recorder()
+    starter = threading.Thread(target=s.start, args=(Board(), GoParams(nodes=100), second.info, second.best),
+                               daemon=True)
+    starter.start()
+    starter.join(TIMEOUT)
+    assert not starter.is_alive(), "start() deadlocked against the old search's info report"
+    assert second.done.wait(TIMEOUT) and len(second.results) == 1
+    assert order.count("best 1") == 1 and order[-1] == "best 1", order[-5:]
