@@ -255,6 +255,10 @@ def test_frame_codec_round_trip_and_allow_list():
         decode_arrays([{"dtype": "lc0_v6", "shape": [2**40, 2**40]}], [b""])
     with pytest.raises(WireError, match="shape"):
         decode_arrays([{"dtype": "uint8", "shape": [-1]}], [b""])
+    for shape in ([0] + [2**26] * 7, [2**26] * 7 + [0], [0, 2**60]):  # numpy refuses these even empty
+        with pytest.raises(WireError, match="more than"):
+            decode_arrays([{"dtype": "lc0_v6", "shape": shape}], [b""])
+    assert decode_arrays([{"dtype": "int64", "shape": [0, 1000, 3]}], [b""])[0].shape == (0, 1000, 3)
 
 
 def test_oversized_inputs():
@@ -282,7 +286,7 @@ def test_not_frames():
 
 def _mutations(rng: random.Random, frames: list[bytes]):
     """Random damage to a valid message: flipped, truncated, extended, dropped and added frames."""
-    choice = rng.randrange(7)
+    choice = rng.randrange(8)
     frames = list(frames)
     i = rng.randrange(len(frames))
     if choice == 0 and frames[i]:
@@ -300,6 +304,16 @@ def _mutations(rng: random.Random, frames: list[bytes]):
         frames.insert(i, rng.randbytes(rng.randint(0, 64)))
     elif choice == 5:
         frames = [rng.randbytes(rng.randint(0, 200)) for _ in range(rng.randint(0, 4))]
+    elif choice == 6:  # random frame descriptions (huge, zero, negative sizes) over random frames
+        header = msgpack.unpackb(frames[0])
+        count = rng.randint(0, 3)
+        sizes = [0, 1, 2, 3, 8356, -1, 2**26, 2**31, 2**62, 2**63 - 1]
+        header["frames"] = [
+            {"dtype": rng.choice(["uint8", "int32", "int64", "float16", "float32", "lc0_v6", "float64"]),
+             "shape": [rng.choice(sizes) for _ in range(rng.randint(0, 9))]}
+            for _ in range(count)
+        ]
+        frames = [msgpack.packb(header)] + [rng.randbytes(rng.choice([0, 1, 4, 8, 8356])) for _ in range(count)]
     else:  # a valid msgpack header with random field values and declared frames
         header = msgpack.unpackb(frames[0])
         key = rng.choice(sorted(header))

@@ -283,12 +283,12 @@ def decode_arrays(specs: Any, frames: Sequence[Any]) -> list[np.ndarray]:
         if not isinstance(shape, (list, tuple)) or len(shape) > MAX_DIMS:
             raise WireError(f"frame {i}'s shape must be a list of at most {MAX_DIMS} sizes")
         dims = tuple(_int(n, f"frame {i} shape") for n in shape)
-        if any(n > MAX_FRAME_BYTES for n in dims):  # even beside a zero: numpy refuses such shapes
-            raise WireError(f"frame {i} declares shape {list(dims)}, a size more than {MAX_FRAME_BYTES}")
         dtype = DTYPES[name]
-        size = math.prod(dims) * dtype.itemsize  # Python ints: a huge declared shape cannot overflow
-        if size > MAX_FRAME_BYTES:
-            raise WireError(f"frame {i} declares {size} bytes, more than {MAX_FRAME_BYTES}")
+        # Python ints, so a huge declared shape cannot overflow; the zeros left out because numpy
+        # refuses a shape whose other sizes overflow even when one size is 0.
+        if math.prod(max(n, 1) for n in dims) * dtype.itemsize > MAX_FRAME_BYTES:
+            raise WireError(f"frame {i} declares {name} {list(dims)[:MAX_DIMS]}, more than {MAX_FRAME_BYTES} bytes")
+        size = math.prod(dims) * dtype.itemsize
         data = _buffer(frame, i + 1)
         if len(data) != size:
             raise WireError(f"frame {i} holds {len(data)} bytes, its {name} {list(dims)} needs {size}")
