@@ -7,6 +7,7 @@ import dataclasses
 import pathlib
 import random
 import struct
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -48,7 +49,7 @@ def records(n: int) -> np.ndarray:
 
 
 def game(n: int = 7, **changes) -> Game:
-    fields = dict(worker="w-host1-12", game_id="9f" * 16, generation=3, result="1-0", termination="checkmate",
+    fields: dict[str, Any] = dict(worker="w-host1-12", game_id="9f" * 16, generation=3, result="1-0", termination="checkmate",
                   records=records(n), pgn=PGN)
     fields.update(changes)
     return Game(**fields)
@@ -277,6 +278,8 @@ def test_not_frames():
     for frames in (None, 5, [], [None], ["text"], [12]):
         with pytest.raises(WireError):
             decode(frames)
+    with pytest.raises(WireError, match="frame 1 is not a contiguous buffer"):
+        decode_arrays([{"dtype": "uint8", "shape": [2]}], [np.arange(4, dtype=np.uint8)[::2]])
     with pytest.raises(WireError, match="not a wire message"):
         encode("register")
 

@@ -245,15 +245,23 @@ def _buffer(frame: Any, index: int) -> memoryview:
         raise WireError(f"frame {index} is a {type(frame).__name__}, not bytes") from None
     if not view.c_contiguous:
         raise WireError(f"frame {index} is not a contiguous buffer")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.format == "B" and view.ndim == 1:
+        return view
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError):  # a format memoryview will not cast
+        raise WireError(f"frame {index} is not a byte buffer") from None
 
 
 def encode_arrays(arrays: Sequence[np.ndarray]) -> tuple[list[dict], list[bytes]]:
-    """The header's ``frames`` entries and the raw frames of ``arrays`` (dtypes from :data:`DTYPES`)."""
+    """The header's ``frames`` entries and the raw frames of ``arrays`` (dtypes from :data:`DTYPES`).
+
+    Frames are numbered as in the message, the header being frame 0.
+    """
     if len(arrays) > MAX_FRAMES:
         raise WireError(f"{len(arrays)} frames, more than {MAX_FRAMES}")
     specs, frames = [], []
-    for i, array in enumerate(arrays):
+    for i, array in enumerate(arrays, 1):
         array = np.asarray(array)
         little = array.dtype.newbyteorder("<")  # a big-endian array is sent in the wire's byte order
         name = next((key for key, dtype in DTYPES.items() if little == dtype), None)
@@ -268,13 +276,16 @@ def encode_arrays(arrays: Sequence[np.ndarray]) -> tuple[list[dict], list[bytes]
 
 
 def decode_arrays(specs: Any, frames: Sequence[Any]) -> list[np.ndarray]:
-    """Arrays viewing ``frames`` (no copy) as the header's ``frames`` entries describe them; WireError otherwise."""
+    """Arrays viewing ``frames`` (no copy) as the header's ``frames`` entries describe them; WireError otherwise.
+
+    ``frames`` are the frames after the header, numbered from 1 in messages.
+    """
     if not isinstance(specs, (list, tuple)):
         raise WireError(f"'frames' must be a list, got {type(specs).__name__}")
     if len(specs) != len(frames):
         raise WireError(f"the header describes {len(specs)} frames, {len(frames)} came")
     arrays = []
-    for i, (spec, frame) in enumerate(zip(specs, frames)):
+    for i, (spec, frame) in enumerate(zip(specs, frames), 1):
         if not isinstance(spec, dict):
             raise WireError(f"frame {i}'s description must be a map, got {type(spec).__name__}")
         name, shape = spec.get("dtype"), spec.get("shape")
@@ -289,7 +300,7 @@ def decode_arrays(specs: Any, frames: Sequence[Any]) -> list[np.ndarray]:
         if math.prod(max(n, 1) for n in dims) * dtype.itemsize > MAX_FRAME_BYTES:
             raise WireError(f"frame {i} declares {name} {list(dims)[:MAX_DIMS]}, more than {MAX_FRAME_BYTES} bytes")
         size = math.prod(dims) * dtype.itemsize
-        data = _buffer(frame, i + 1)
+        data = _buffer(frame, i)
         if len(data) != size:
             raise WireError(f"frame {i} holds {len(data)} bytes, its {name} {list(dims)} needs {size}")
         arrays.append(np.frombuffer(data, dtype=dtype).reshape(dims))
