@@ -132,7 +132,7 @@ def test_heartbeat_header_golden_bytes():
         + _s("type") + _s("heartbeat")
         + _s("version") + bytes([0x01])
         + _s("worker") + _s("w1")
-        + _s("games") + bytes([0x03])
+        + _s("playing") + bytes([0x03])
         + _s("positions_per_s") + bytes([0xCB]) + struct.pack(">d", 12.5)
         + _s("generation") + bytes([0xCD, 0x01, 0x2C])  # uint16 300
     )
@@ -188,8 +188,8 @@ def _with(message, **changes) -> list[bytes]:
         (MESSAGES[3], {"version": True}, "'version' must be an integer"),
         (MESSAGES[3], {"version": ...}, "'version' must be an integer"),
         (MESSAGES[3], {"worker": ...}, "no 'worker'"),
-        (MESSAGES[3], {"games": "64"}, "'games' must be an integer"),
-        (MESSAGES[3], {"games": -1}, "'games' must be in"),
+        (MESSAGES[3], {"playing": "64"}, "'playing' must be an integer"),
+        (MESSAGES[3], {"playing": -1}, "'playing' must be in"),
         (MESSAGES[3], {"positions_per_s": float("nan")}, "finite"),
         (MESSAGES[3], {"generation": 1.5}, "'generation' must be an integer"),
         (MESSAGES[0], {"worker": "has space"}, "'worker' must be"),

@@ -11,7 +11,7 @@ type            sent by                 header fields (frames)
 ==============  ======================  ======================================================
 ``register``    worker                  ``worker``, ``host``, ``pid``, ``devices``, ``software``
 ``registered``  daemon                  ``run``, ``generation``?, ``path``?, ``sha256``?
-``heartbeat``   worker                  ``worker``, ``games``, ``positions_per_s``, ``generation``
+``heartbeat``   worker                  ``worker``, ``playing``, ``positions_per_s``, ``generation``
 ``game``        worker                  ``worker``, ``game``, ``generation``, ``positions``,
                                         ``result``, ``termination`` (frames: the V6 records as
                                         ``lc0_v6 [positions]``, the PGN as ``uint8 [bytes]``)
@@ -21,6 +21,11 @@ type            sent by                 header fields (frames)
                                         keep the game and resend it later
 ``stop``        daemon                  ``reason``: stop playing and exit
 ==============  ======================  ======================================================
+
+Limits: a header at most :data:`MAX_HEADER_BYTES` (64 KiB, as the announcements'),
+a raw frame at most :data:`MAX_FRAME_BYTES` (64 MiB: a game of up to 8,031
+positions), at most :data:`MAX_FRAMES` raw frames of at most 8 dimensions; ids
+are 1-128 characters of ``A-Za-z0-9._:-`` (a uuid hex for a game).
 
 Unknown header keys are ignored (room for later fields in version 1); another
 ``version`` is refused.  :func:`decode` raises only :class:`WireError` for bad
@@ -122,7 +127,7 @@ class Heartbeat:
     """A worker's pulse: games in progress, positions/s, and the generation it plays."""
 
     worker: str
-    games: int
+    playing: int  # games in progress
     positions_per_s: float
     generation: int
 
@@ -317,7 +322,7 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
     if isinstance(message, Registered):
         return _registered(message.run, message.generation, message.path, message.sha256), []
     if isinstance(message, Heartbeat):
-        return _heartbeat(message.worker, message.games, message.positions_per_s, message.generation), []
+        return _heartbeat(message.worker, message.playing, message.positions_per_s, message.generation), []
     if isinstance(message, Game):
         records = message.records
         if not isinstance(records, np.ndarray) or records.dtype != RECORD_DTYPE or records.ndim != 1:
@@ -394,10 +399,10 @@ def _registered(run: Any, generation: Any, path: Any, sha256: Any) -> dict:
     return fields
 
 
-def _heartbeat(worker: Any, games: Any, positions_per_s: Any, generation: Any) -> dict:
+def _heartbeat(worker: Any, playing: Any, positions_per_s: Any, generation: Any) -> dict:
     return {
         "worker": _id(worker, "worker"),
-        "games": _int(games, "games", MAX_COUNT),
+        "playing": _int(playing, "playing", MAX_COUNT),
         "positions_per_s": _float(positions_per_s, "positions_per_s"),
         "generation": _int(generation, "generation"),
     }
@@ -464,7 +469,7 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
         f = _registered(_field(header, "run"), header.get("generation"), header.get("path"), header.get("sha256"))
         return Registered(**f)
     if kind == "heartbeat":
-        f = _heartbeat(*(_field(header, key) for key in ("worker", "games", "positions_per_s", "generation")))
+        f = _heartbeat(*(_field(header, key) for key in ("worker", "playing", "positions_per_s", "generation")))
         return Heartbeat(**f)
     if kind == "ack":
         return Ack(_ids(_field(header, "games"), "games", MAX_ACK_GAMES))
