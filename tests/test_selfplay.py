@@ -129,6 +129,21 @@ def test_only_full_searches_are_recorded(network):
     selfplay.close()
 
 
+def test_noise_only_on_full_searches(network):
+    selfplay = SelfPlay(network, tiny(full_search_prob=0.5, noise_epsilon=0.25, opening_plies=0), games=8)
+    seen = set()
+    for _ in range(4):
+        before = {g.key: len(g.records) for g in selfplay.games}
+        assert selfplay.step() == []
+        for game in selfplay.games:
+            full = len(game.records) > before[game.key]
+            epsilon = selfplay.search.trees[game.key].settings()["noise_epsilon"]
+            assert epsilon == pytest.approx(0.25 if full else 0.0)
+            seen.add(full)
+    assert seen == {True, False}
+    selfplay.close()
+
+
 def test_max_plies_adjudicates_a_draw(network):
     selfplay = SelfPlay(network, tiny(max_plies=6, full_search_prob=1.0, opening_plies=0), games=3)
     for game in play(selfplay, 3):
