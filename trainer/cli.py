@@ -1,8 +1,8 @@
 """The ``cyzero-train`` command: one subcommand per job.
 
 ``learn`` (the DDP learner), ``bootstrap`` (supervised data from a teacher engine,
-PGN or lc0 chunks), ``status`` and ``plot`` (what a run is doing), ``bench train``
-and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+PGN or lc0 chunks), ``status`` and ``plot`` (what a run is doing), ``keys``
+(CurveZMQ keys), ``bench train | bootstrap`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
 modules are imported after the arguments are parsed, so that ``--help`` is quick and
 an engine-only install (no torch) gets a message saying what to install. The run
 directory's layout is in ``docs/training.md``.
@@ -118,6 +118,15 @@ def _build_parser() -> argparse.ArgumentParser:
                           description="Write PNG charts of RUN/metrics.jsonl to RUN/plots (or --out).")
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
+
+    keys = sub.add_parser(
+        "keys", help="CurveZMQ key pairs for the daemon and the remote workers or engines it admits",
+        description=("Write DIR/server (the daemon's key pair), DIR/clients/NAME (give that folder to a "
+                     "remote worker's --keys or an engine's TrainerKeys) and DIR/authorized (the public "
+                     "keys the daemon admits). Existing keys are kept: run it again to add a client."))
+    keys.add_argument("directory", metavar="DIR")
+    keys.add_argument("--client", action="append", metavar="NAME",
+                      help="a client to make keys for (repeatable; default: one named 'worker')")
 
     bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap)",
                            description="Benchmarks of the training system, measured side by side in one run.")
@@ -333,6 +342,17 @@ def bench_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def keys_main(args: argparse.Namespace) -> int:
+    from trainer.keys import create_keys
+
+    written = create_keys(args.directory, args.client or ["worker"])
+    for path in written:
+        print(path)
+    if not written:
+        print(f"cyzero-train keys: {args.directory} already holds every key asked for", file=sys.stderr)
+    return 0
+
+
 _COMMANDS = {
     "learn": learn_main,
     "bootstrap": bootstrap_main,
@@ -340,6 +360,7 @@ _COMMANDS = {
     "status": lambda args, parser: status_main(args),
     "plot": lambda args, parser: plot_main(args),
     "bench": lambda args, parser: bench_main(args),
+    "keys": lambda args, parser: keys_main(args),
 }
 
 
