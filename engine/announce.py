@@ -58,6 +58,7 @@ __all__ = [
     "encode_network_announcement",
     "load_client_keys",
     "load_server_keys",
+    "unpack_header",
 ]
 
 TOPIC = b"network"  # first frame of an announcement (what a SUB socket subscribes to)
@@ -114,17 +115,23 @@ def _pack(kind: str, **fields: Any) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
 
-def _unpack(frame: Any, kinds: tuple[str, ...]) -> dict:
-    """The checked header of one of ``kinds`` (type and version); AnnouncementError otherwise."""
-    data = _frame_bytes(frame, "header")
+def unpack_header(data: bytes | memoryview, error: type[ValueError] = ValueError) -> dict:
+    """A message's msgpack header as a dict (at most MAX_HEADER_BYTES, a map), or ``error``
+    with a one-line reason; shared by this contract and the trainer's wire messages."""
     if len(data) > MAX_HEADER_BYTES:
-        raise AnnouncementError(f"header of {len(data)} bytes is larger than {MAX_HEADER_BYTES}")
+        raise error(f"header of {len(data)} bytes is larger than {MAX_HEADER_BYTES}")
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:  # noqa: BLE001 - FormatError, ExtraData, StackError, UnicodeDecodeError, ...
-        raise AnnouncementError(f"header is not valid msgpack ({type(e).__name__})") from None
+        raise error(f"header is not valid msgpack ({type(e).__name__})") from None
     if not isinstance(header, dict):
-        raise AnnouncementError(f"header must be a msgpack map, got {type(header).__name__}")
+        raise error(f"header must be a msgpack map, got {type(header).__name__}")
+    return header
+
+
+def _unpack(frame: Any, kinds: tuple[str, ...]) -> dict:
+    """The checked header of one of ``kinds`` (type and version); AnnouncementError otherwise."""
+    header = unpack_header(_frame_bytes(frame, "header"), AnnouncementError)
     kind = header.get("type")
     if kind not in kinds:
         raise AnnouncementError(f"header 'type' must be {' or '.join(map(repr, kinds))}, got {str(kind)[:40]!r}")

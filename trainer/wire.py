@@ -44,7 +44,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import msgpack
 import numpy as np
 
-from engine.announce import MAX_HEADER_BYTES
+from engine.announce import MAX_HEADER_BYTES, unpack_header
 from engine.files import is_sha256_hex
 from trainer.records import RECORD_BYTES, RECORD_DTYPE, check_records
 
@@ -495,15 +495,7 @@ def decode(frames: Iterable[Any]) -> Message:
         raise WireError("no frames: a message starts with its msgpack header")
     if len(frames) > MAX_FRAMES + 1:
         raise WireError(f"{len(frames)} frames, more than a header and {MAX_FRAMES}")
-    data = _buffer(frames[0], 0)
-    if len(data) > MAX_HEADER_BYTES:
-        raise WireError(f"header of {len(data)} bytes is larger than {MAX_HEADER_BYTES}")
-    try:
-        header = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as e:  # noqa: BLE001 - FormatError, ExtraData, StackError, UnicodeDecodeError, ...
-        raise WireError(f"header is not valid msgpack ({type(e).__name__})") from None
-    if not isinstance(header, dict):
-        raise WireError(f"header must be a msgpack map, got {type(header).__name__}")
+    header = unpack_header(_buffer(frames[0], 0), WireError)
     kind = header.get("type")
     if not isinstance(kind, str) or kind not in _KINDS:
         raise WireError(f"unknown message type {str(kind)[:40]!r}")
