@@ -398,9 +398,57 @@ def test_a_rank_that_dies_takes_the_group_down_with_a_clear_message(tmp_path, mo
     assert "rank 1 exited with code 3" in lines[-1] and "running the same command again" in lines[-1]
     monkeypatch.delenv(EXIT_HOOK_ENV)
     code, lines = run_learn(run, devices="cpu:2", steps=6)
-    assert code == 0, lines
+    assert code == 0, lines[-3:]
     assert any("resuming at step 2" in ln for ln in lines)
     assert list_checkpoints(run)[-1][0] == 6
+
+
+def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("devices", ["cpu:1", "cpu:2"])
+def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path, devices):
+    """The daemon stops its learner with SIGTERM: every rank stops after the same step, and the
+    final checkpoint holds that step (nothing trained is lost)."""
+    run = make_run(tmp_path / "run", TINY.replace("checkpoint_every = 4", "checkpoint_every = 1000"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli", "learn", run, "--devices", devices, "--follow", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        metrics = os.path.join(run, "metrics.jsonl")
+        _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, "the first metrics line")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, out
+    stopped = [ln for ln in out.splitlines() if "asked to stop at step" in ln]
+    assert stopped, out
+    step = int(stopped[0].split("at step ")[1].split(":")[0].split()[0].replace(",", ""))
+    assert step >= 2 and list_checkpoints(run)[-1][0] == step
+
+
+def test_initialize_run_makes_generation_zero_where_the_learner_starts(tmp_path):
+    from engine.network import Network
+    from trainer.learner import initialize_run
+
+    run = make_run(tmp_path / "run")
+    record = initialize_run(run, log=lambda line: None)
+    assert record["generation"] == 0 and record["step"] == 0
+    assert [s for s, _ in list_checkpoints(run)] == [0]
+    path = os.path.join(run, record["onnx"])
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == record["sha256"]
+    Network(path, backend="cpu").close()
+    assert initialize_run(run, log=lambda line: None) == record  # a second call changes nothing
+    code, lines = run_learn(run, steps=4)
+    assert code == 0 and any("resuming at step 0 (generation 0)" in ln for ln in lines), lines
+    generations = [json.loads(ln)["generation"] for ln in open(os.path.join(run, "generations.jsonl"))]
+    assert generations == [0, 1]
 
 
 def test_starved_learner_stops_cleanly_or_waits_with_follow(tmp_path):

@@ -62,7 +62,7 @@ __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "net_config", "compute_losses", "policy_cross_entropy",
     "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path", "network_path",
     "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
-    "GENERATIONS_FILE", "TENSORBOARD_DIR",
+    "GENERATIONS_FILE", "TENSORBOARD_DIR", "initialize_run", "newest_generation",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -468,6 +468,7 @@ class _Launch:
     init_method: str | None = None  # tcp://127.0.0.1:PORT when spawned; env:// under torchrun
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
+    report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
 
 
 class _Learner:
@@ -511,8 +512,19 @@ class _Learner:
             self._refresh()
         self._pending = 0  # steps whose losses are summed in _sums, not yet logged
         self._sums = torch.zeros(5, device=device)
-        self.reporter = _Reporter(self, launch) if rank == 0 else None
+        self.reporter = _Reporter(self, launch) if rank == 0 and launch.report else None
         self._exit_at = _exit_hook(rank)
+        self.stop_requested = threading.Event()  # set by SIGTERM/SIGINT (see _run_rank)
+        self._stop_flag = torch.zeros(1, device=device)
+
+    def _should_stop(self) -> bool:
+        """Whether any rank was asked to stop; every rank calls it at the same points (after each
+        step, at each look for data), so all of them stop after the same step."""
+        if self.world == 1:
+            return self.stop_requested.is_set()
+        self._stop_flag.fill_(1.0 if self.stop_requested.is_set() else 0.0)
+        dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX)
+        return bool(self._stop_flag.item())
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -691,7 +703,10 @@ class _Learner:
                 if not waiting:
                     self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
                     waiting = True
-                time.sleep(self.cfg.train.starved_poll_s)
+                self.stop_requested.wait(self.cfg.train.starved_poll_s)
+                if self._should_stop():
+                    self.log(f"learner: asked to stop at step {self.step:,} while waiting for data")
+                    return None
                 self._refresh()
                 continue
             if waiting:
@@ -728,6 +743,9 @@ class _Learner:
                     self._log_metrics()
                 if self.step % tc.checkpoint_every == 0:
                     self._checkpoint()
+                if self._should_stop():
+                    self.log(f"learner: asked to stop at step {self.step:,}: writing a final checkpoint")
+                    break
             if self._pending:
                 self._log_metrics()
             if self.step > self.checkpoint_step:
@@ -737,6 +755,8 @@ class _Learner:
                 self.loader.close()
             if self.reporter is not None:
                 self.reporter.close()
+        if self.world > 1:  # no rank tears the group down while rank 0 still writes and exports
+            dist.barrier()
         self.log(f"learner: done at step {self.step:,}, generation {self.generation}")
         return 0
 
@@ -899,7 +919,8 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log) -> int:
+def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
+              stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> int:
     cfg = from_dict(launch.config)
     if launch.kind == "cuda":
         device = torch.device("cuda", launch.device_ids[local] if launch.device_ids else local)
@@ -915,10 +936,34 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log) -> i
             "nccl" if launch.kind == "cuda" else "gloo", init_method=launch.init_method, rank=rank,
             world_size=world, timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
     try:
-        return _Learner(launch, rank, world, device, log).run()
+        learner = _Learner(launch, rank, world, device, log)
+        with _stop_on_signals(learner.stop_requested, stop_signals):
+            return learner.run()
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...]):
+    """``signals`` ask the rank to stop after its step (with a final checkpoint) instead of
+    killing it; a second one stops it at once. Only in the main thread (a test may call
+    :func:`learn` from another)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
@@ -926,9 +971,38 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     ``lines`` (a queue); a non-zero return becomes the exit code."""
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
-    code = _run_rank(local, world, local, launch, lines.put)
+    # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = _run_rank(local, world, local, launch, lines.put, stop_signals=(signal.SIGTERM,))
     if code:
         sys.exit(code)
+
+
+@contextlib.contextmanager
+def _forward_stop(processes: Sequence):
+    """The spawning parent's SIGTERM or SIGINT becomes one SIGTERM to each rank (which stop
+    together after a step, with a checkpoint); a second signal interrupts the parent, whose
+    ``spawn`` context then kills the ranks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked = threading.Event()
+
+    def handler(signum, frame):
+        if asked.is_set():
+            raise KeyboardInterrupt
+        asked.set()
+        for process in processes:
+            if process.is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def _forward(lines, log: Log) -> None:
@@ -1010,6 +1084,43 @@ def _describe_failure(exc: BaseException, processes: Sequence, error_files: Sequ
             "Resume by running the same command again (it continues from the last checkpoint)")
 
 
+def newest_generation(run_dir: str | os.PathLike) -> dict | None:
+    """The newest line of RUN/generations.jsonl whose network file is there (None: none yet)."""
+    run_dir = os.fspath(run_dir)
+    for record in reversed(read_jsonl(os.path.join(run_dir, GENERATIONS_FILE))):
+        onnx = record.get("onnx")
+        if (isinstance(record.get("generation"), int) and isinstance(onnx, str) and isinstance(record.get("sha256"), str)
+                and os.path.isfile(os.path.join(run_dir, onnx))):
+            return record
+    return None
+
+
+def initialize_run(run_dir: str | os.PathLike, *, config_path: str | os.PathLike | None = None,
+                   log: Log | None = None) -> dict:
+    """Generation 0 for a run that has none: the config's freshly initialised network, as the
+    step-0 checkpoint (where the learner starts) and ``networks/gen-00000.onnx``, so self-play has
+    a network to play before the first training step. Returns the newest generation's record;
+    a run with a checkpoint or a generation is left as it is. ValueError: a bad config, or a
+    learner running on the run."""
+    log = log or _stderr
+    run_dir = os.path.abspath(os.fspath(run_dir))
+    os.makedirs(run_dir, exist_ok=True)
+    with _run_lock(run_dir):
+        config, checkpoint = _prepare(run_dir, config_path, 1, True, log)
+        newest = newest_generation(run_dir)
+        if checkpoint is None and newest is None:
+            launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind="cpu", steps=0, follow=False,
+                             progress=False, checkpoint=None, report=False)
+            learner = _Learner(launch, 0, 1, torch.device("cpu"), log)
+            learner._write_checkpoint()
+            learner._export_generation()
+            newest = newest_generation(run_dir)
+    if newest is None:
+        raise ValueError(f"{run_dir} has a checkpoint but no exported network yet: run `cyzero-train learn` "
+                         "on it, or start a new run directory")
+    return newest
+
+
 def learn(
     run_dir: str | os.PathLike,
     *,
@@ -1066,8 +1177,9 @@ def learn(
         context = mp.start_processes(_spawned, args=(world, launch, lines), nprocs=world, join=False,
                                      start_method="spawn")
         try:
-            while not context.join():
-                pass
+            with _forward_stop(context.processes):
+                while not context.join():
+                    pass
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
             failure = _describe_failure(exc, context.processes, context.error_files)
         else:
