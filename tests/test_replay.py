@@ -472,3 +472,17 @@ def test_few_open_maps_and_transient_errors(tmp_path, monkeypatch):
         with pytest.raises(OSError, match="Too many open files"):
             next(loader)
     assert store.bad_chunks() == {}
+
+
+def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
+    store = ReplayStore(tmp_path)
+    store.append_games([_game([1, 2]), _game([3])], generation=2, source="selfplay", game_ids=["a1", "b2"])
+    store.append_games([_game([4])], generation=2, source="selfplay")  # ids are optional
+    assert store.game_ids() == {"a1", "b2"}
+    assert ReplayStore(tmp_path).game_ids() == {"a1", "b2"}  # a restarted daemon reads them back
+    names = [e.name for e in store.entries()]
+    store.prune(1)  # pruned chunks' games stay known: a late resend is still a duplicate
+    assert len(ReplayStore(tmp_path).entries()) < len(names)
+    assert ReplayStore(tmp_path).game_ids() == {"a1", "b2"}
+    with pytest.raises(ValueError, match="one string per game"):
+        store.append_games([_game([5])], generation=2, source="selfplay", game_ids=["x", "y"])

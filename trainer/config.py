@@ -9,7 +9,8 @@ never trains silently with a default.
 
 Sections: ``[model]`` (the network's shape), ``[optimizer]``, ``[loss]``,
 ``[train]`` (batch, checkpoints, precision, weight averaging), ``[replay]`` (the
-sampling window and the loader) and ``[log]``. No torch here: the CLI and the status
+sampling window and the loader), ``[log]``, and for ``cyzero-train run``: ``[selfplay]``,
+``[daemon]`` and ``[gating]``. No torch here: the CLI and the status
 report read configs without it.
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 
 __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
+    "SelfPlayConfig", "DaemonConfig", "GatingConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
     "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config",
 ]
@@ -153,6 +155,81 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SelfPlayConfig:
+    """How self-play workers play (``trainer.selfplay.SelfPlaySettings``; the daemon sends it to
+    every worker when it registers)."""
+
+    visits: int = _f(800, "root visits of a full search (AlphaZero: 800)", min=1)
+    fast_visits: int = _f(100, "root visits of a fast search, played but not trained on (KataGo's playout "
+                          "cap randomisation)", min=1)
+    full_search_prob: float = _f(0.25, "share of moves searched in full and recorded for training", above=0.0,
+                                 max=1.0)
+    noise_alpha: float = _f(0.3, "Dirichlet noise alpha at the root of full searches (AlphaZero chess: 0.3)",
+                            above=0.0)
+    noise_epsilon: float = _f(0.25, "weight of the root noise (0: none)", min=0.0, max=1.0)
+    temperature: float = _f(1.0, "moves are drawn with probability visits^(1/T) before temp_cutoff_ply",
+                            min=0.0)
+    temp_cutoff_ply: int = _f(30, "the ply from which the most visited move is played (0: T always)", min=0)
+    max_plies: int = _f(450, "a game this long is adjudicated a draw", min=1)
+    resign: bool = _f(True, "resign lost games (a share resign_playthrough never resigns, to check)")
+    resign_q: float = _f(-0.9, "resign when the mover's root Q (W - L) is at or below this", min=-1.0, max=1.0)
+    resign_playthrough: float = _f(0.1, "share of games that never resign; how many of those a resignation "
+                                   "would have lost is logged", min=0.0, max=1.0)
+    opening_plies: int = _f(0, "uniformly random plies played (not recorded) at the start of each game",
+                            min=0)
+    openings: str = _f("bundled", "start positions, one drawn per game: bundled (the engine's 67 balanced "
+                       "opening lines), a file of FEN/EPD/SAN lines or a PGN (relative to the run directory), "
+                       "or empty for the standard start")
+    games_per_worker: int = _f(0, "games each worker plays at once, their leaves batched together "
+                               "(0: 32 on a CPU, 256 on a GPU)", min=0)
+    syzygy: str = _f("", "Syzygy tablebase folders (os.pathsep-separated) for adjudication; empty: none")
+
+
+@dataclasses.dataclass(frozen=True)
+class DaemonConfig:
+    """``cyzero-train run``: endpoints, keys, workers and supervision."""
+
+    endpoint: str = _f("tcp://127.0.0.1:5780", "ROUTER for workers (register, heartbeats, games); a port "
+                       "of * picks a free one (RUN/daemon.json says which)")
+    publish: str = _f("tcp://127.0.0.1:5781", "PUB for network announcements (an engine's TrainerEndpoint)")
+    fetch: str = _f("tcp://127.0.0.1:5782", "ROUTER serving the announced network's bytes to followers "
+                    "that cannot read the run directory")
+    keys: str = _f("", "the folder `cyzero-train keys` made: CurveZMQ on every socket, only its authorized "
+                   "clients admitted; required when an endpoint is not loopback")
+    devices: str = _f("cpu", "self-play devices: cpu, or cuda:0,1,... (--devices overrides)")
+    workers_per_device: int = _f(1, "self-play worker processes per device (--workers-per-device)", min=1)
+    learner_devices: str = _f("cpu:1", "the learner's devices: cpu:N or cuda:0,1,... (--learner-devices)")
+    worker_threads: int = _f(0, "ONNX Runtime threads per CPU worker (0: the cores shared among the "
+                             "CPU workers)", min=0)
+    heartbeat_s: float = _f(2.0, "seconds between a worker's heartbeats", above=0.0)
+    heartbeat_timeout_s: float = _f(120.0, "a local worker silent this long is killed and restarted",
+                                    above=0.0)
+    flush_s: float = _f(1.0, "longest wait before received games are written to the store and acknowledged",
+                        above=0.0)
+    flush_games: int = _f(64, "games written as one store chunk at most", min=1)
+    resend_s: float = _f(10.0, "a worker resends a game not acknowledged within this many seconds",
+                         above=0.0)
+    restart_backoff_s: float = _f(2.0, "first wait before restarting a dead worker or learner; doubled "
+                                  "after each quick death, up to 60 s", above=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatingConfig:
+    """Optional gating: a new generation plays the current best and is published only if an SPRT
+    accepts it."""
+
+    enabled: bool = _f(False, "gate each new generation (otherwise every generation is published)")
+    nodes: int = _f(64, "nodes per move in gating games (fixed, so CPU matches are quick)", min=1)
+    elo0: float = _f(0.0, "SPRT H0: the new generation is this many Elo better (or worse)")
+    elo1: float = _f(30.0, "SPRT H1: ... this many Elo better; elo1 > elo0")
+    alpha: float = _f(0.05, "SPRT false-positive rate", above=0.0, max=0.5)
+    beta: float = _f(0.05, "SPRT false-negative rate", above=0.0, max=0.5)
+    max_games: int = _f(200, "at most this many games; then the sign of the log-likelihood ratio decides",
+                        min=2)
+    concurrency: int = _f(1, "gating games played at once", min=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The whole training config; sections as in the TOML file."""
 
@@ -162,6 +239,9 @@ class TrainConfig:
     train: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    selfplay: SelfPlayConfig = dataclasses.field(default_factory=SelfPlayConfig)
+    daemon: DaemonConfig = dataclasses.field(default_factory=DaemonConfig)
+    gating: GatingConfig = dataclasses.field(default_factory=GatingConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -245,6 +325,9 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     config = TrainConfig(**sections)
     if not _model_name_ok(config.model.net):
         raise ValueError(f"config key model.net must be BLOCKSxFILTERS such as 6x64, got {config.model.net!r}")
+    if config.gating.elo1 <= config.gating.elo0:
+        raise ValueError(f"config key gating.elo1 must be > gating.elo0 ({config.gating.elo0}), "
+                         f"got {config.gating.elo1}")
     return config
 
 

@@ -163,6 +163,7 @@ class ReplayStore:
         self._offset = 0                            # bytes of the manifest parsed so far
         self._ops: list[ChunkEntry | list[str]] = []   # the log's records: an added chunk, pruned names
         self._live: dict[str, ChunkEntry] = {}      # the log replayed to its end, oldest first
+        self._game_ids: set[str] = set()            # every game id an add line listed (pruned ones too)
 
     # -- the manifest log ------------------------------------------------------------------
 
@@ -196,8 +197,12 @@ class ReplayStore:
                 op = obj["op"]
                 if op == "add":
                     entry = _entry_from(obj)
+                    ids = obj.get("game_ids", [])
+                    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                        raise ValueError("game_ids must be a list of strings")
                     self._ops.append(entry)
                     self._live.setdefault(entry.name, entry)
+                    self._game_ids.update(ids)
                 elif op == "prune":
                     names = [str(n) for n in obj["names"]]
                     self._ops.append(names)
@@ -254,14 +259,24 @@ class ReplayStore:
     def total_positions(self) -> int:
         return sum(e.positions for e in self.entries())
 
+    def game_ids(self) -> set[str]:
+        """Every game id ever committed with :meth:`append_games` (the daemon's duplicate check)."""
+        with self._lock:
+            self._read_new()
+            return set(self._game_ids)
+
     # -- writing ---------------------------------------------------------------------------
 
-    def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str) -> ChunkEntry:
+    def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str,
+                     game_ids: Sequence[str] | None = None) -> ChunkEntry:
         """Commit ``games`` (each a RECORD_DTYPE array, one game's positions in order) as ONE new chunk.
 
         Durable when it returns: the chunk is fsynced and renamed into place,
-        then its manifest line is appended and fsynced.
+        then its manifest line is appended and fsynced.  ``game_ids`` (one per
+        game) go into that line, so a game sent twice is recognised after a restart.
         """
+        if game_ids is not None and (len(game_ids) != len(games) or not all(isinstance(i, str) for i in game_ids)):
+            raise ValueError("game_ids must be one string per game")
         if not _SOURCE.fullmatch(source):
             raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
         if not isinstance(generation, int) or generation < 0:
@@ -273,7 +288,12 @@ class ReplayStore:
         name = f"{source}-g{generation:05d}-{uuid.uuid4().hex}.gz"
         write_chunk(self.chunks_dir / name, records)
         entry = ChunkEntry(name, int(records.size), len(arrays), generation, source, time.time())
-        self._append({"op": "add", **dataclasses.asdict(entry)})
+        line = {"op": "add", **dataclasses.asdict(entry)}
+        if game_ids is not None:
+            line["game_ids"] = list(game_ids)
+        self._append(line)
+        with self._lock:
+            self._game_ids.update(game_ids or ())
         return entry
 
     def writer(self, *, generation: int, source: str, positions_per_chunk: int = 4096) -> "ChunkWriter":

@@ -10,7 +10,9 @@ against :data:`DTYPES`, its shape and its byte count.  Never pickle.
 type            sent by                 header fields (frames)
 ==============  ======================  ======================================================
 ``register``    worker                  ``worker``, ``host``, ``pid``, ``devices``, ``software``
-``registered``  daemon                  ``run``, ``generation``?, ``path``?, ``sha256``?
+``registered``  daemon                  ``run``, ``generation``?, ``path``?, ``sha256``?,
+                                        ``publish``?, ``selfplay`` (frames: the openings'
+                                        FENs as ``uint8 [bytes]``, one per line, or none)
 ``heartbeat``   worker                  ``worker``, ``playing``, ``positions_per_s``, ``generation``
 ``game``        worker                  ``worker``, ``game``, ``generation``, ``positions``,
                                         ``result``, ``termination`` (frames: the V6 records as
@@ -114,12 +116,18 @@ class Register:
 
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """The daemon's welcome: its run and the generation to play (all three ``None`` before the first)."""
+    """The daemon's welcome: its run, the generation to play (all three ``None`` before the first),
+    where it announces new generations (``publish``; a ``*`` host means the host the worker
+    connected to), how to play (``selfplay``: the run's ``[selfplay]`` keys) and the start
+    positions (``openings``: FENs, sent as one text frame)."""
 
     run: str
     generation: Optional[int] = None
     path: Optional[str] = None
     sha256: Optional[str] = None
+    publish: Optional[str] = None
+    selfplay: dict = dataclasses.field(default_factory=dict)
+    openings: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +328,12 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
     if isinstance(message, Register):
         return _register(message.worker, message.host, message.pid, message.devices, message.software), []
     if isinstance(message, Registered):
-        return _registered(message.run, message.generation, message.path, message.sha256), []
+        fields = _registered(message.run, message.generation, message.path, message.sha256, message.publish,
+                             message.selfplay)
+        openings = tuple(_text(fen, "openings", 200) for fen in message.openings)
+        if any("\n" in fen for fen in openings):
+            raise WireError("an opening FEN holds a newline")
+        return fields, ([np.frombuffer("\n".join(openings).encode(), dtype=np.uint8)] if openings else [])
     if isinstance(message, Heartbeat):
         return _heartbeat(message.worker, message.playing, message.positions_per_s, message.generation), []
     if isinstance(message, Game):
@@ -382,8 +395,30 @@ def _register(worker: Any, host: Any, pid: Any, devices: Any, software: Any) -> 
     }
 
 
-def _registered(run: Any, generation: Any, path: Any, sha256: Any) -> dict:
-    fields: dict[str, Any] = {"run": _id(run, "run"), "generation": None, "path": None, "sha256": None}
+def _settings(value: Any) -> dict:
+    """A flat map of setting names to booleans, numbers and short strings (``[selfplay]``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 64:
+        raise WireError("'selfplay' must be a map of at most 64 settings")
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", key):
+            raise WireError(f"'selfplay' setting name {str(key)[:40]!r} is not a lower-case name")
+        if isinstance(item, str):
+            item = _text(item, f"selfplay.{key}")
+        elif isinstance(item, float):
+            item = _float(item, f"selfplay.{key}")
+        elif not isinstance(item, (bool, int)):
+            raise WireError(f"'selfplay.{key}' must be a boolean, number or string")
+        out[key] = item
+    return out
+
+
+def _registered(run: Any, generation: Any, path: Any, sha256: Any, publish: Any = None, selfplay: Any = None) -> dict:
+    fields: dict[str, Any] = {"run": _id(run, "run"), "generation": None, "path": None, "sha256": None,
+                              "publish": None if publish is None else _text(publish, "publish", 300),
+                              "selfplay": _settings(selfplay)}
     if generation is None and path is None and sha256 is None:
         return fields
     if generation is None or path is None or sha256 is None:
@@ -460,14 +495,21 @@ def _decode_game(header: dict, arrays: list[np.ndarray]) -> Game:
 def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message:
     if kind == "game":
         return _decode_game(header, arrays)
+    if kind == "registered":
+        f = _registered(_field(header, "run"), header.get("generation"), header.get("path"), header.get("sha256"),
+                        header.get("publish"), header.get("selfplay"))
+        if len(arrays) > 1 or (arrays and (arrays[0].dtype != np.uint8 or arrays[0].ndim != 1)):
+            raise WireError("a registered message carries at most one frame, the openings as uint8 text")
+        try:
+            text = arrays[0].tobytes().decode() if arrays else ""
+        except UnicodeDecodeError:
+            raise WireError("the openings frame is not UTF-8") from None
+        return Registered(**f, openings=tuple(line for line in text.split("\n") if line))
     if arrays:
         raise WireError(f"a {kind} message carries no frames, got {len(arrays)}")
     if kind == "register":
         f = _register(*(_field(header, key) for key in ("worker", "host", "pid", "devices", "software")))
         return Register(f["worker"], f["host"], f["pid"], tuple(f["devices"]), f["software"])
-    if kind == "registered":
-        f = _registered(_field(header, "run"), header.get("generation"), header.get("path"), header.get("sha256"))
-        return Registered(**f)
     if kind == "heartbeat":
         f = _heartbeat(*(_field(header, key) for key in ("worker", "playing", "positions_per_s", "generation")))
         return Heartbeat(**f)
