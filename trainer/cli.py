@@ -1,8 +1,9 @@
 """The ``cyzero-train`` command: one subcommand per job.
 
-``learn`` (the DDP learner), ``bootstrap`` (supervised data from a teacher engine,
-PGN or lc0 chunks), ``status`` and ``plot`` (what a run is doing), ``keys``
-(CurveZMQ keys), ``bench train | bootstrap`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+``run`` (the daemon: self-play workers, the learner, publishing), ``worker`` (self-play
+into a daemon from any machine), ``learn`` (the DDP learner), ``bootstrap`` (supervised
+data from a teacher engine, PGN or lc0 chunks), ``status`` and ``plot`` (what a run is
+doing), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
 modules are imported after the arguments are parsed, so that ``--help`` is quick and
 an engine-only install (no torch) gets a message saying what to install. The run
 directory's layout is in ``docs/training.md``.
@@ -128,13 +129,43 @@ def _build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--client", action="append", metavar="NAME",
                       help="a client to make keys for (repeatable; default: one named 'worker')")
 
-    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap)",
+    run = sub.add_parser(
+        "run", help="the training daemon: self-play workers on every device, the learner, publishing",
+        description=("Start (or resume) the training run in RUN_DIR: self-play workers on each device, the "
+                     "DDP learner, and a publisher that announces each new network to workers and engines "
+                     "(TrainerEndpoint). Ctrl-C or SIGTERM stops everything cleanly; running it again resumes."))
+    run.add_argument("run_dir", metavar="RUN_DIR")
+    run.add_argument("--config", metavar="TOML",
+                     help="a TOML config, or the name of a bundled one (cpu, gpu); default RUN/config.toml, "
+                          "else the defaults")
+    run.add_argument("--devices", default=None, help="self-play devices: cpu, or cuda:0,1,... (default: daemon.devices)")
+    run.add_argument("--workers-per-device", type=int, default=None, metavar="K",
+                     help="self-play worker processes per device (default: daemon.workers_per_device)")
+    run.add_argument("--learner-devices", default=None,
+                     help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices)")
+
+    worker = sub.add_parser(
+        "worker", help="self-play into a running daemon, from this or another machine",
+        description=("Play self-play games with the daemon's current network and send them to it; new "
+                     "generations are loaded between moves. Needs the engine only (no torch)."))
+    worker.add_argument("--connect", required=True, metavar="tcp://HOST:PORT", help="the daemon's endpoint")
+    worker.add_argument("--keys", metavar="DIR", default=None,
+                        help="CurveZMQ client keys (a folder `cyzero-train keys` made under clients/)")
+    worker.add_argument("--devices", default="cpu", help="cpu, or cuda:0,1,... (one worker process per device)")
+    worker.add_argument("--name", default=None, help="this worker's id in the run (default HOST-PID)")
+    worker.add_argument("--games", type=int, default=None,
+                        help="games played at once (default: the run's selfplay.games_per_worker)")
+    worker.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads on a CPU (default: its own)")
+
+    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay)",
                            description="Benchmarks of the training system, measured side by side in one run.")
-    bench.add_argument("what", choices=["train", "bootstrap"],
+    bench.add_argument("what", choices=["train", "bootstrap", "selfplay"],
                        help="train: learner, raw step and loader samples/s; "
-                            "bootstrap: the teacher's ms a position at each depth and MultiPV")
+                            "bootstrap: the teacher's ms a position at each depth and MultiPV; "
+                            "selfplay: evaluations/s in self-play against raw batched inference, games/hour")
     bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
-    bench.add_argument("--seconds", type=float, default=10.0, help="(bootstrap) seconds of play per setting")
+    bench.add_argument("--seconds", type=float, default=None,
+                       help="seconds of play per setting (bootstrap: 10; selfplay: 20)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -325,7 +356,8 @@ def bench_main(args: argparse.Namespace) -> int:
 
         from trainer.bootstrap import labelling_cost
 
-        figures = labelling_cost(shlex.split(args.teacher) if args.teacher else None, seconds=args.seconds)
+        figures = labelling_cost(shlex.split(args.teacher) if args.teacher else None,
+                                 seconds=10.0 if args.seconds is None else args.seconds)
         if not args.json:
             print("cyzero-train bench bootstrap: one teacher process, one thread, in play (labels included)")
             for row in figures:
@@ -333,6 +365,13 @@ def bench_main(args: argparse.Namespace) -> int:
                       f"  ({row['positions']:,} positions)")
             return 0
         print(json.dumps(figures, indent=2))
+        return 0
+    if args.what == "selfplay":
+        from trainer.bench import bench_selfplay
+
+        figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds)
+        if args.json:
+            print(json.dumps(figures, indent=2))
         return 0
     from trainer.bench import bench_train
 
@@ -353,8 +392,24 @@ def keys_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_main(args: argparse.Namespace) -> int:
+    from trainer.daemon import run_daemon
+
+    return run_daemon(args.run_dir, config=args.config, devices=args.devices,
+                      workers_per_device=args.workers_per_device, learner_devices=args.learner_devices)
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    from trainer.worker import run_workers
+
+    return run_workers(args.connect, keys=args.keys, devices=args.devices, name=args.name, games=args.games,
+                       threads=args.threads)
+
+
 _COMMANDS = {
     "learn": learn_main,
+    "run": lambda args, parser: run_main(args),
+    "worker": lambda args, parser: worker_main(args),
     "bootstrap": bootstrap_main,
     "export": export_main,
     "status": lambda args, parser: status_main(args),
@@ -371,7 +426,7 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    missing = _missing_training_module()
+    missing = None if args.command == "worker" else _missing_training_module()  # workers need the engine only
     if missing:
         print(f"cyzero-train {args.command}: needs {missing}, which an engine-only install leaves out; "
               f"{TRAIN_EXTRA_HINT}", file=sys.stderr)
