@@ -1,14 +1,17 @@
 """What a person reads about a run: ``cyzero-train status RUN`` and ``cyzero-train plot RUN``.
 
-Both only read what the learner and the replay store wrote (``metrics.jsonl``,
-``generations.jsonl``, the replay manifest, the checkpoint folder), so they work
-while a run is going and never disturb it. The files are append-only logs that
-another process may be writing: a torn last line is skipped, not an error. The
-run directory's layout is described in ``docs/training.md``.
+Both only read what the learner, the replay store and the daemon wrote
+(``metrics.jsonl``, ``generations.jsonl``, the replay manifest, the checkpoint
+folder; ``daemon.json``, ``workers.json``, ``published.jsonl``, ``gating.jsonl``),
+so they work while a run is going and never disturb it. Every one of them is
+optional (a learner-only run has no daemon files), and another process may be
+writing them: a torn or garbled line or file is skipped, never an error. The run
+directory's layout is described in ``docs/training.md``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -64,8 +67,8 @@ def run_status(run_dir: str | os.PathLike) -> dict:
         "newest_chunk_time": max((e.time for e in entries), default=None),
         "newest_generation_played": max((e.generation for e in entries), default=None),
     }
-    generations = list(read_jsonl(os.path.join(run_dir, GENERATIONS_FILE)))
-    metrics = list(read_jsonl(os.path.join(run_dir, METRICS_FILE)))
+    generations = _log(os.path.join(run_dir, GENERATIONS_FILE))
+    metrics = _log(os.path.join(run_dir, METRICS_FILE))
     checkpoints = list_checkpoints(run_dir)
     return {
         "run": os.path.abspath(run_dir),
@@ -75,7 +78,116 @@ def run_status(run_dir: str | os.PathLike) -> dict:
         "generation": generations[-1] if generations else None,
         "previous_generation": generations[-2] if len(generations) > 1 else None,
         "metrics": metrics[-1] if metrics else None,
+        **_daemon_status(run_dir),
     }
+
+
+# The daemon's files in the run directory (docs/training.md, "The daemon").
+DAEMON_FILE = "daemon.json"
+WORKERS_FILE = "workers.json"
+PUBLISHED_FILE = "published.jsonl"
+GATING_FILE = "gating.jsonl"
+
+
+def _log(path: str) -> list[dict]:
+    """``read_jsonl``, and nothing rather than an error for a log that is not UTF-8 text or not a file."""
+    try:
+        return read_jsonl(path)
+    except (OSError, ValueError):
+        return []
+
+
+def _read_json(path: str) -> dict | None:
+    """A JSON object file, or None when it is missing, unreadable or not an object (a reader never
+    fails on what a writer left)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _num(value: Any) -> int | float | None:
+    """A finite number, or None (so a garbled field shows as unknown and ``--json`` stays valid JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _pid_alive(pid: Any) -> bool | None:
+    """Whether process ``pid`` exists on this machine (None: not a pid)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    except OSError:
+        return None
+    return True
+
+
+def _worker(record: dict) -> dict:
+    devices = record.get("devices")
+    return {
+        "id": _text(record.get("id")) or "?",
+        "host": _text(record.get("host")),
+        "pid": _num(record.get("pid")),
+        "devices": devices if isinstance(devices, str) else
+        ",".join(d for d in devices if isinstance(d, str)) if isinstance(devices, list) else None,
+        "local": record.get("local") is True,
+        "alive": record.get("alive") is True,
+        **{key: _num(record.get(key)) for key in ("last_seen", "generation", "playing", "positions_per_s",
+                                                  "games", "positions", "games_per_hour", "restarts",
+                                                  "started")},
+    }
+
+
+def _daemon_status(run_dir: str) -> dict:
+    """``daemon``, ``workers``, ``published`` and ``gating``: each None when its file is absent or
+    unreadable."""
+    daemon = _read_json(os.path.join(run_dir, DAEMON_FILE))
+    if daemon is not None:
+        daemon = {"pid": _num(daemon.get("pid")), "alive": _pid_alive(daemon.get("pid")),
+                  "started": _num(daemon.get("started")), "run": _text(daemon.get("run")),
+                  **{key: _text(daemon.get(key)) for key in ("endpoint", "publish", "fetch")},
+                  "keys": daemon.get("keys") is True}
+    workers = _read_json(os.path.join(run_dir, WORKERS_FILE))
+    if workers is not None:
+        rows = workers.get("workers")
+        rows = [_worker(r) for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+        alive = [w for w in rows if w["alive"]]
+        workers = {
+            "time": _num(workers.get("time")), "generation": _num(workers.get("generation")),
+            "games": _num(workers.get("games")), "positions": _num(workers.get("positions")),
+            "workers": rows,
+            "total": {"alive": len(alive), "known": len(rows),
+                      "games_per_hour": sum(w["games_per_hour"] or 0 for w in alive),
+                      "positions_per_s": sum(w["positions_per_s"] or 0 for w in alive),
+                      "games": sum(w["games"] or 0 for w in rows),
+                      "restarts": sum(w["restarts"] or 0 for w in rows)},
+        }
+    published = [r for r in _log(os.path.join(run_dir, PUBLISHED_FILE))
+                 if _num(r.get("generation")) is not None]
+    gating = [_gate(r) for r in _log(os.path.join(run_dir, GATING_FILE))
+              if _num(r.get("generation")) is not None]
+    return {"daemon": daemon, "workers": workers,
+            "published": published[-1] if published else None,
+            "gating": gating[-1] if gating else None}
+
+
+def _gate(record: dict) -> dict:
+    """One gating.jsonl line with every number checked (non-finite or garbled: None)."""
+    return {**{key: _num(record.get(key)) for key in ("generation", "best", "wins", "draws", "losses", "games",
+                                                      "llr", "lower", "upper", "elo", "elo_error", "time")},
+            "accepted": record.get("accepted") is True, "reason": _text(record.get("reason"))}
 
 
 def _numeric_items(record: dict, skip: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -104,7 +216,7 @@ def format_status(status: dict, now: float | None = None) -> str:
         lines.append(f"  checkpoint  step {checkpoint['step']:,} ({os.path.basename(checkpoint['path'])}, "
                      f"{_ago(now - checkpoint['time'])})")
     else:
-        lines.append("  checkpoint  none yet: `cyzero-train learn RUN` starts the learner")
+        lines.append("  checkpoint  none yet: `cyzero-train learn RUN` (or `run RUN`) starts the learner")
     generation = status["generation"]
     if generation:
         sha = str(generation.get("sha256", ""))[:12]
@@ -126,7 +238,66 @@ def format_status(status: dict, now: float | None = None) -> str:
         step = metrics.get("step")
         items = _numeric_items(metrics, ("step", "time"))
         lines.append(f"  last log    step {_number(step)}: " + ", ".join(f"{k} {_number(v)}" for k, v in items))
+    lines += _format_daemon(status, now)
     return "\n".join(lines)
+
+
+def _opt(value: Any, unknown: str = "?") -> str:
+    return unknown if value is None else _number(value)
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{_opt(n)} {word}{'' if n == 1 else 's'}"
+
+
+def _format_daemon(status: dict, now: float) -> list[str]:
+    """The daemon, its workers, the generation published last and the last gating result (nothing for a
+    run without a daemon)."""
+    lines = []
+    daemon = status.get("daemon")
+    if daemon:
+        state = {True: "running", False: "not running", None: "state unknown"}[daemon["alive"]]
+        since = f", started {_ago(now - daemon['started'])}" if daemon["started"] is not None else ""
+        lines.append(f"  daemon      pid {daemon['pid'] if daemon['pid'] is not None else '?'} {state}{since}; workers connect to "
+                     f"{daemon['endpoint'] or '?'}, networks on {daemon['publish'] or '?'}"
+                     f" (fetch {daemon['fetch'] or '?'}), keys {'on' if daemon['keys'] else 'off'}")
+    workers = status.get("workers")
+    if workers:
+        total = workers["total"]
+        when = f", as of {_ago(now - workers['time'])}" if workers["time"] is not None else ""
+        if daemon and daemon["alive"] is False:
+            when += ": the daemon is not running, so none is playing now"
+        lines.append(f"  workers     {total['alive']} of {total['known']} alive: "
+                     f"{_number(round(total['games_per_hour']))} games/h, "
+                     f"{_number(round(total['positions_per_s']))} positions/s; "
+                     f"{_plural(total['games'], 'game')}, {_plural(total['restarts'], 'restart')}{when}")
+        width = max(len(w["id"]) for w in workers["workers"]) if workers["workers"] else 0
+        for w in workers["workers"]:
+            where = f"{w['host'] or '?'}" + (f" {w['devices']}" if w["devices"] else "")
+            lines.append(f"    {w['id']:<{width}}  {'alive' if w['alive'] else 'dead '}  {where}, "
+                         f"generation {_opt(w['generation'])}, "
+                         f"{_opt(None if w['games_per_hour'] is None else round(w['games_per_hour']))} games/h, "
+                         f"{_opt(None if w['positions_per_s'] is None else round(w['positions_per_s']))} "
+                         f"positions/s, {_plural(w['games'], 'game')}, {_plural(w['restarts'], 'restart')}")
+    published = status.get("published")
+    if published:
+        when = published.get("time")
+        lines.append(f"  published   generation {published['generation']} ({published.get('onnx', '?')}"
+                     + (", gated" if published.get("gated") is True else "")
+                     + (f", {_ago(now - when)})" if _num(when) is not None else ")"))
+    gate = status.get("gating")
+    if gate:
+        verdict = "accepted" if gate["accepted"] else "rejected"
+        elo = (f", Elo {gate['elo']:+.0f}" + (f" ± {gate['elo_error']:.0f}" if gate["elo_error"] is not None else "")
+               if gate["elo"] is not None else "")
+        llr = (f"LLR {gate['llr']:.2f} in [{_opt(gate['lower'])}, {_opt(gate['upper'])}]"
+               if gate["llr"] is not None else "LLR ?")
+        reason = f" ({gate['reason']})" if gate["reason"] else ""
+        when = f", {_ago(now - gate['time'])}" if gate["time"] is not None else ""
+        lines.append(f"  gating      generation {_opt(gate['generation'])} vs {_opt(gate['best'])}: "
+                     f"W/D/L {_opt(gate['wins'])}/{_opt(gate['draws'])}/{_opt(gate['losses'])}, {llr}: "
+                     f"{verdict}{reason}{elo}{when}")
+    return lines
 
 
 # Which chart a metric goes on: the first group whose test its name passes.
@@ -140,7 +311,8 @@ _CHART_GROUPS = (
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[str]:
     """PNG charts of ``metrics.jsonl`` over training steps (losses, learning rate, validation,
-    throughput); returns the files written (atomically) to ``out_dir`` (default RUN/plots)."""
+    throughput) and of ``gating.jsonl`` (``gating.png``: Elo against the best per generation);
+    returns the files written (atomically) to ``out_dir`` (default RUN/plots)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,8 +320,10 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
     run_dir = os.fspath(run_dir)
     out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(run_dir, "plots")
-    rows = [r for r in read_jsonl(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("step"), (int, float))]
-    if not rows:
+    rows = [r for r in _log(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("step"), (int, float))]
+    gates = [g for g in (_gate(r) for r in _log(os.path.join(run_dir, GATING_FILE)))
+             if g["generation"] is not None and g["elo"] is not None]
+    if not rows and not gates:
         raise ValueError(f"{os.path.join(run_dir, METRICS_FILE)} has no metrics yet: nothing to plot")
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
@@ -161,24 +335,45 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         group = next(name for name, test in _CHART_GROUPS if test(key))
         groups.setdefault(group, []).append(key)
     os.makedirs(out_dir, exist_ok=True)
+    title = os.path.basename(os.path.abspath(run_dir))
     written = []
+
+    def save(fig, name: str) -> None:
+        path = os.path.join(out_dir, f"{name}.png")
+        with atomic_open(path, "wb") as f:
+            fig.savefig(f, format="png")
+        plt.close(fig)
+        written.append(path)
+
     for group, keys in groups.items():
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         for key in sorted(keys):
             steps, values = zip(*series[key])
             ax.plot(steps, values, label=key, linewidth=1.2)
         ax.set_xlabel("step")
-        ax.set_title(f"{os.path.basename(os.path.abspath(run_dir))}: {group.replace('_', ' ')}")
+        ax.set_title(f"{title}: {group.replace('_', ' ')}")
         if group == "learning_rate":
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = os.path.join(out_dir, f"{group}.png")
-        with atomic_open(path, "wb") as f:
-            fig.savefig(f, format="png")
-        plt.close(fig)
-        written.append(path)
+        save(fig, group)
+    if gates:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        for accepted, style in ((True, dict(fmt="o", color="tab:green", label="accepted (published)")),
+                                (False, dict(fmt="x", color="tab:red", label="rejected"))):
+            chosen = [g for g in gates if g["accepted"] is accepted]
+            if chosen:
+                ax.errorbar([g["generation"] for g in chosen], [g["elo"] for g in chosen],
+                            yerr=[g["elo_error"] or 0.0 for g in chosen], capsize=3, linestyle="none", **style)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("generation")
+        ax.set_ylabel("Elo against the best (± error)")
+        ax.set_title(f"{title}: gating")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        save(fig, "gating")
     return written
 
 
