@@ -24,6 +24,8 @@ python-chess's asyncio engine API:
 - a PGN of all games, in game-number order: each game is appended as soon as
   it and every game before it have finished, and the whole file is rewritten
   atomically (temp file, fsync, rename) at the end;
+- an optional early end (``MatchConfig.on_game`` / ``should_stop``), which the
+  trainer's SPRT gating uses to stop once its test is decided;
 - a summary: W/L/D from engine1's view, score, Elo difference with a 95%
   interval (trinomial model), LOS, failure counts per engine, time taken.
 
@@ -63,6 +65,7 @@ HANDSHAKE_TIMEOUT = 10.0  # default seconds for an engine to start and answer `u
 READY_TIMEOUT = 30.0  # seconds to answer `isready` after `ucinewgame`
 QUIT_TIMEOUT = 5.0  # seconds to exit after `quit` before it is killed
 KILL_WAIT = 5.0  # seconds to wait for a killed engine's last command to finish
+STOP_POLL = 0.1  # seconds between two questions to MatchConfig.should_stop
 
 MATE_SCORE = 100_000
 
@@ -575,6 +578,11 @@ class MatchConfig:
     nodes_guard: float = 60.0  # hard wall-clock limit per move with a nodes limit
     handshake_timeout: float = HANDSHAKE_TIMEOUT  # seconds to start and answer `uci` with `uciok`
     event: str = "cyzero match"
+    # Ending a match early (the trainer's SPRT gating): ``on_game`` sees each finished game and
+    # ``should_stop`` is asked before each game and every STOP_POLL seconds; either returning True
+    # ends the match: no game starts after it, games under way are abandoned (not in the result).
+    on_game: Optional[Callable[["GameRecord"], bool]] = None
+    should_stop: Optional[Callable[[], bool]] = None
 
 
 @dataclass
@@ -613,6 +621,7 @@ class _Match:
         self.wld = [0, 0, 0]
         self.names = ("engine1", "engine2")
         self.started = False  # engines up, games under way
+        self.stopping = False  # on_game or should_stop ended the match
 
     def note(self, text: str) -> None:
         if text not in self._notes:
@@ -817,14 +826,49 @@ class _Match:
                 _prepare_output(cfg.pgn_path)
             self.started = True
             queue = list(reversed(schedule))
+            tasks: list = []
+
+            def stop() -> None:
+                self.stopping = True
+                for task in tasks:
+                    if task is not asyncio.current_task():
+                        task.cancel()
 
             async def worker(pair):
-                while queue:
+                while queue and not self.stopping:
+                    if cfg.should_stop is not None and cfg.should_stop():
+                        return stop()
                     index, opening, engine1_white = queue.pop()
-                    record = await self.play_game(index, opening, engine1_white, pair)
+                    try:
+                        record = await self.play_game(index, opening, engine1_white, pair)
+                    except asyncio.CancelledError:
+                        if self.stopping:
+                            return
+                        raise
+                    if self.stopping:
+                        return
                     self.finished(record)
+                    if cfg.on_game is not None and cfg.on_game(record):
+                        return stop()
 
-            await asyncio.gather(*(worker(pair) for pair in self.pairs))
+            async def watch():
+                while True:
+                    await asyncio.sleep(STOP_POLL)
+                    if cfg.should_stop():
+                        return stop()
+
+            tasks += [asyncio.ensure_future(worker(pair)) for pair in self.pairs]
+            watcher = asyncio.ensure_future(watch()) if cfg.should_stop is not None else None
+            try:
+                await asyncio.gather(*tasks)
+            except asyncio.CancelledError:
+                # A worker cancelled before it ever ran ends as cancelled; only a stop of ours is swallowed.
+                if not self.stopping or asyncio.current_task().cancelling():
+                    raise
+                await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
         finally:
             await asyncio.gather(*(e.close() for pair in self.pairs for e in pair), return_exceptions=True)
         return self.result()
