@@ -13,17 +13,23 @@ full visits and Dirichlet noise and becomes a training record; the other moves
 get ``fast_visits`` without noise and are only played. Resignation has a
 checked false-positive rate: a share ``resign_playthrough`` of the games never
 resigns, and those report whether a resignation would have lost them a result
-they got (``would_have_resigned_wrongly``).
+they got (``would_have_resigned_wrongly``). With Syzygy ``tablebases`` a game
+that reaches a position in the tables ends with the tables' result
+(termination ``"syzygy"``): playing out a known ending teaches nothing.
+
+:func:`settings_from_config` turns a run's ``[selfplay]`` section (what the
+daemon sends a worker) into :class:`SelfPlaySettings`.
 
 No torch here: numpy, the engine and :mod:`trainer.records`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Optional, cast
+from typing import Any, Hashable, Mapping, Optional, Sequence, Union, cast
 
 import chess
 import chess.pgn
@@ -33,9 +39,10 @@ from engine.board import Board
 from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import MultiSearch, SearchResult
+from trainer.config import SelfPlayConfig, from_dict
 from trainer.records import RECORD_DTYPE, Eval, make_record
 
-__all__ = ["FinishedGame", "SelfPlay", "SelfPlaySettings"]
+__all__ = ["FinishedGame", "SelfPlay", "SelfPlaySettings", "settings_from_config"]
 
 # Random opening plies that end the game are drawn again, at most this many times.
 _OPENING_TRIES = 100
@@ -101,6 +108,30 @@ class SelfPlaySettings:
                                    smart_pruning_factor=0.0, seed=0)
 
 
+# [selfplay] keys that are not settings of a game: the worker (games_per_worker, syzygy) and the
+# daemon (openings, the file it resolves to FENs) deal with them.
+_NOT_GAME_SETTINGS = frozenset({"games_per_worker", "openings", "syzygy", "resign"})
+
+
+def settings_from_config(selfplay: Union[dict, SelfPlayConfig], openings: Sequence[str] = (),
+                         seed: Optional[int] = None) -> SelfPlaySettings:
+    """The :class:`SelfPlaySettings` of a run's ``[selfplay]`` section (a dict, as ``Registered``
+    carries it, or a :class:`trainer.config.SelfPlayConfig`), with ``openings`` as FENs.
+
+    A dict is checked as the config file is, so a bad value is a ValueError naming the key
+    (``selfplay.visits must be >= 1``); keys left out keep their defaults.
+    """
+    if isinstance(selfplay, dict):
+        selfplay = from_dict({"selfplay": dict(selfplay)}).selfplay
+    elif not isinstance(selfplay, SelfPlayConfig):
+        raise ValueError(f"selfplay settings must be a dict or SelfPlayConfig, got {type(selfplay).__name__}")
+    values = {key: value for key, value in dataclasses.asdict(selfplay).items() if key not in _NOT_GAME_SETTINGS}
+    values["resign_q"] = selfplay.resign_q if selfplay.resign else None
+    if isinstance(openings, str):
+        raise ValueError("openings must be a sequence of FENs, not one string")
+    return SelfPlaySettings(**values, opening_fens=tuple(openings), seed=seed)
+
+
 @dataclass
 class FinishedGame:
     """One finished self-play game: what the worker sends to the replay store."""
@@ -111,7 +142,7 @@ class FinishedGame:
     records: np.ndarray            # RECORD_DTYPE, the full-search positions, results filled in
     pgn: str                       # the whole game (opening plies included), with headers
     result: str                    # "1-0", "0-1" or "1/2-1/2"
-    termination: str               # Board.outcome's name, "max_plies" or "resignation"
+    termination: str               # Board.outcome's name, "max_plies", "resignation" or "syzygy"
     plies: int                     # plies played, opening plies included
     would_have_resigned_wrongly: Optional[bool]  # playthrough games that hit the threshold; else None
 
@@ -140,15 +171,19 @@ class SelfPlay:
     ``network`` has ``evaluate(planes) -> (policy, wdl, mlh)`` (an
     :class:`engine.network.Network`). ``pipeline`` keeps two batches in flight
     (the network on a helper thread while the next batch is gathered);
-    ``max_batch`` caps the driver's batch.
+    ``max_batch`` caps the driver's batch. ``tablebases``: an
+    :class:`engine.book.Tablebases` (``max_pieces`` and ``root_moves(board)``)
+    that adjudicates positions with few enough pieces, or None.
     """
 
     def __init__(self, network: Any, settings: Optional[SelfPlaySettings] = None, games: int = 1, *,
-                 generation: int = 0, pipeline: bool = True, max_batch: Optional[int] = None) -> None:
+                 generation: int = 0, pipeline: bool = True, max_batch: Optional[int] = None,
+                 tablebases: Any = None) -> None:
         if isinstance(games, bool) or not isinstance(games, int) or games < 1:
             raise ValueError(f"games must be a whole number >= 1, got {games!r}")
         self.settings = settings or SelfPlaySettings()
         self.generation = generation
+        self.tablebases = tablebases
         self.search = MultiSearch(network, self.settings.search_params(), pipeline=pipeline,
                                   max_batch=max_batch)
         self._seeds = np.random.SeedSequence(self.settings.seed)
@@ -254,9 +289,24 @@ class SelfPlay:
         if outcome is not None:
             termination, winner = outcome
             return winner, termination, False
+        end = self._syzygy(board) if self.tablebases is not None else None
+        if end is not None:
+            return end
         if len(game.moves) >= s.max_plies:
             return None, "max_plies", True
         return None
+
+    def _syzygy(self, board: Board) -> Optional[tuple[Optional[bool], str, bool]]:
+        """``(winner, "syzygy", True)`` when the tables know the position (a cursed win or blessed
+        loss, lost to the fifty-move rule, is a draw); None otherwise."""
+        if sum(c.isalpha() for c in board.board_fen()) > self.tablebases.max_pieces:
+            return None
+        known = self.tablebases.root_moves(board)
+        if known is None:
+            return None
+        wdl = known[1]
+        winner = board.turn if wdl >= 2 else (not board.turn) if wdl <= -2 else None
+        return winner, "syzygy", True
 
     def _finish(self, game: _Game, winner: Optional[bool], termination: str, adjudicated: bool) -> FinishedGame:
         self.search.forget(game.key)

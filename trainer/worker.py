@@ -1,0 +1,489 @@
+"""The self-play worker: plays games with the daemon's network and sends them to the daemon.
+
+``cyzero-train worker --connect tcp://HOST:PORT [--keys DIR] [--devices ...]`` runs
+:func:`run_workers`: one :class:`Worker` per device (several devices: one
+subprocess each).  The protocol (docs/training.md, trainer/wire.py):
+
+* a DEALER (a CurveZMQ client with ``--keys``) sends ``Register`` every 5 s until
+  the daemon answers ``Registered`` with the run's ``[selfplay]`` settings, its
+  openings and the current generation;
+* the network comes through an :class:`engine.network_manager.NetworkManager`:
+  the announced file when this machine can read it, else the first announcement
+  on the daemon's PUB socket (the follower fetches the bytes and checks the
+  sha256); each new generation is swapped in between moves, games go on;
+* every finished game is sent as a ``Game`` and kept until an ``Ack`` lists it,
+  resent every 10 s meanwhile (the daemon drops a game id it has), so neither a
+  lost message nor a daemon restart (ZeroMQ reconnects) loses a game;
+* ``Heartbeat`` every 2 s; ``Stop``, SIGTERM or SIGINT: stop playing, resend
+  the unacknowledged games, wait up to 10 s for their acks, exit 0.
+
+The socket belongs to one thread (:class:`_Link`), so heartbeats and acks
+keep flowing while a long search step runs.  Needs the engine only, never torch.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import re
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from engine import __version__
+from engine.announce import load_client_keys
+from engine.book import Tablebases
+from engine.network_manager import NetworkManager
+from engine.swap import Proposal
+from engine.watchers import RateLimit, validate_endpoint
+from trainer import wire
+from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config
+
+__all__ = ["HEARTBEAT_S", "REGISTER_S", "RESEND_S", "STOP_WAIT_S", "Worker", "parse_devices", "run_workers"]
+
+REGISTER_S = 5.0      # Register is resent this often until Registered
+HEARTBEAT_S = 2.0     # a Heartbeat this often
+RESEND_S = 10.0       # a game not acknowledged within this is sent again
+STOP_WAIT_S = 10.0    # on stop, how long to wait for the last acks
+STATS_S = 60.0        # one line of games/h, positions/s and generation this often
+WAITING_SAY_S = 10.0  # no Registered this long: say where we are waiting, once
+_RETRY_S = 0.2        # a send refused for want of a connection is tried again this soon
+_POLL_MS = 50
+_ID_BAD = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def parse_devices(devices: str) -> list[str]:
+    """``cpu``, ``cuda``, ``cuda:0,1`` or ``cuda:0,cuda:1`` as a list of ``cpu`` / ``cuda:N``; ValueError otherwise."""
+    out: list[str] = []
+    for part in (p.strip().lower() for p in str(devices).split(",")):
+        match = re.fullmatch(r"cuda(?::(\d+))?", part)
+        if part == "cpu":
+            out.append("cpu")
+        elif match is not None:
+            out.append(f"cuda:{int(match.group(1) or 0)}")
+        elif part.isdigit() and out and out[-1].startswith("cuda"):  # cuda:0,1
+            out.append(f"cuda:{int(part)}")
+        else:
+            raise ValueError(f"bad --devices {devices!r}: expected cpu or cuda:0,1,...")
+    if len(set(out)) != len(out):
+        raise ValueError(f"bad --devices {devices!r}: a device named twice")
+    return out
+
+
+def default_name() -> str:
+    """``HOST-PID`` in the wire's id characters."""
+    return _ID_BAD.sub("-", f"{socketlib.gethostname()}-{os.getpid()}")[:128]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _public_endpoint(publish: str, connect: str) -> str:
+    """``publish`` with a wildcard host (``*``, ``0.0.0.0``, ``[::]``) replaced by the host of ``connect``."""
+    scheme, _, rest = publish.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme.lower() == "tcp" and host in ("*", "0.0.0.0", "[::]"):
+        c_scheme, _, c_rest = connect.partition("://")
+        if c_scheme.lower() != "tcp":
+            raise ValueError(f"the daemon publishes on {publish}, which needs a tcp:// --connect")
+        publish = f"tcp://{c_rest.rpartition(':')[0]}:{port}"
+    return validate_endpoint(publish, "the daemon's publish endpoint")
+
+
+# --------------------------------------------------------------------------- the socket's thread
+
+
+class _Link:
+    """The DEALER and its thread: Register, Heartbeat, games out and resent, replies in.
+
+    The playing thread only calls :meth:`submit`, sets :attr:`playing`, :attr:`generation`,
+    :attr:`positions`, reads :attr:`registered` and calls :meth:`finish`.
+    """
+
+    def __init__(self, connect: str, register: wire.Register, keys: Any, stop: threading.Event,
+                 say: Callable[[str], None], context: Any = None) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self.connect = connect
+        self._register = wire.encode(register)
+        self.worker = register.worker
+        self._keys = keys
+        self._stop = stop          # set when the daemon says Stop
+        self._say = say
+        self._context = context or zmq.Context.instance()
+        self._outbox: "queue.Queue[FinishedGame]" = queue.Queue()
+        self.unacked: dict[str, list] = {}   # game id -> [frames, next send time]; this thread only
+        self.registered: Optional[wire.Registered] = None
+        self.registered_event = threading.Event()
+        self.playing = 0
+        self.generation = 0
+        self.positions = 0         # training positions played so far (the playing thread counts)
+        self.games = 0             # games sent (first sends)
+        self.acked = 0
+        self.refused = 0
+        self._limit = RateLimit()
+        self._drain_until: Optional[float] = None
+        self._closing = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="cyzero-worker-link", daemon=True)
+        self.thread.start()
+
+    # -- the playing thread's side -------------------------------------------------------
+
+    def submit(self, game: FinishedGame) -> None:
+        self._outbox.put(game)
+
+    def finish(self, timeout: float) -> int:
+        """Resend what is unacknowledged, wait up to ``timeout`` s for the acks, stop; returns how many stay unacked."""
+        self._drain_until = time.monotonic() + timeout
+        self.thread.join(timeout + 5.0)
+        return len(self.unacked) + self._outbox.qsize()
+
+    def close(self) -> None:
+        self._closing.set()
+        self.thread.join(5.0)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        sock = self._context.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for a daemon that is not there: resends cover it
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            if self._keys is not None:
+                self._keys.apply(sock)
+            sock.connect(self.connect)
+            self._loop(sock)
+        except BaseException as e:  # noqa: BLE001 - the playing thread sees it and exits with an error
+            self.error = e
+            self._say(f"the connection to the daemon failed: {type(e).__name__}: {e}")
+            self._stop.set()
+        finally:
+            sock.close(0)
+
+    def _send(self, sock: Any, frames: list) -> bool:
+        try:
+            sock.send_multipart(frames, self._zmq.NOBLOCK)
+            return True
+        except self._zmq.Again:
+            return False
+
+    def _loop(self, sock: Any) -> None:
+        start = time.monotonic()
+        next_register = start
+        next_heartbeat = start
+        next_stats = start + STATS_S
+        said_waiting = False
+        samples: collections.deque = collections.deque()  # (time, positions, games) for the rates
+        draining = False
+        while not self._closing.is_set():
+            now = time.monotonic()
+            if self.registered is None and now >= next_register:
+                next_register = now + (REGISTER_S if self._send(sock, self._register) else _RETRY_S)
+                if not said_waiting and now - start >= WAITING_SAY_S:
+                    said_waiting = True
+                    self._say(f"waiting for the daemon at {self.connect} (is it running, and are these the "
+                              f"keys it admits?)")
+            while True:
+                try:
+                    game = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._queue_game(game, now)
+            if self._drain_until is not None and not draining:
+                draining = True
+                for entry in self.unacked.values():
+                    entry[1] = now  # resend everything once now
+            for entry in self.unacked.values():
+                if now >= entry[1]:
+                    entry[1] = now + (RESEND_S if self._send(sock, entry[0]) else _RETRY_S)
+            if self.registered is not None and now >= next_heartbeat:
+                rate = self._rate(samples, now)
+                self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
+                                                            int(self.generation))))
+                next_heartbeat = now + HEARTBEAT_S
+            if now >= next_stats:
+                positions_per_s, games_per_h = self._rate(samples, now)
+                self._say(f"{games_per_h:.0f} games/h, {positions_per_s:.1f} positions/s, generation "
+                          f"{self.generation}, {len(self.unacked)} games awaiting acks")
+                next_stats = now + STATS_S
+            if draining and (not self.unacked or now >= self._drain_until):  # type: ignore[operator]
+                return
+            if sock.poll(_POLL_MS, self._zmq.POLLIN):
+                for _ in range(256):
+                    try:
+                        frames = sock.recv_multipart(self._zmq.NOBLOCK, copy=False)
+                    except self._zmq.Again:
+                        break
+                    self._receive(frames)
+
+    def _rate(self, samples: collections.deque, now: float) -> tuple[float, float]:
+        """(positions/s, games/h) over about the last minute."""
+        samples.append((now, self.positions, self.games))
+        while len(samples) > 2 and now - samples[1][0] >= STATS_S:
+            samples.popleft()
+        t0, p0, g0 = samples[0]
+        span = now - t0
+        if span <= 0:
+            return 0.0, 0.0
+        return (self.positions - p0) / span, (self.games - g0) * 3600.0 / span
+
+    def _queue_game(self, game: FinishedGame, now: float) -> None:
+        try:
+            frames = wire.encode(wire.Game(self.worker, game.game_id, game.generation, game.result,
+                                           game.termination, game.records, game.pgn))
+        except wire.WireError as e:
+            self._say(f"game {game.game_id} cannot be sent ({e}); dropped")
+            return
+        self.unacked[game.game_id] = [frames, now]
+        self.games += 1
+
+    def _receive(self, frames: list) -> None:
+        try:
+            message = wire.decode(frames)
+        except wire.WireError as e:
+            self._limited(f"dropped a malformed message from the daemon: {e}")
+            return
+        if isinstance(message, wire.Ack):
+            for game_id in message.game_ids:
+                if self.unacked.pop(game_id, None) is not None:
+                    self.acked += 1
+        elif isinstance(message, wire.Registered):
+            if self.registered is None:
+                self.registered = message
+                self.registered_event.set()
+                self._say(f"registered with run {message.run} at {self.connect}"
+                          + ("" if message.generation is None else f", generation {message.generation}"))
+        elif isinstance(message, wire.Refused):
+            if message.game_id is not None and self.unacked.pop(message.game_id, None) is not None:
+                self.refused += 1
+                self._say(f"the daemon refused game {message.game_id}: {message.reason}; dropped")
+            else:
+                self._limited(f"the daemon refused a message: {message.reason}")
+        elif isinstance(message, wire.ErrorReply):
+            self._limited(f"the daemon could not take {'a message' if message.game_id is None else 'game ' + message.game_id}"
+                          f": {message.reason}; it will be resent")
+        elif isinstance(message, wire.Stop):
+            self._say(f"the daemon asks to stop{': ' + message.reason if message.reason else ''}")
+            self._stop.set()
+        else:
+            self._limited(f"ignored a {type(message).__name__} message from the daemon")
+
+    def _limited(self, text: str) -> None:
+        dropped = self._limit.admit()
+        if dropped is not None:
+            self._say(text + (f" ({dropped} similar lines suppressed)" if dropped else ""))
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+class Worker:
+    """One self-play worker on one device (``cpu`` or ``cuda:N``); :meth:`run` until stopped.
+
+    ``keys``: a CurveZMQ client key folder (:func:`engine.announce.load_client_keys`), for the
+    daemon's sockets and the follower's.  ``games``: games played at once (None: the run's
+    ``selfplay.games_per_worker``, else 256 on a GPU, 32 on the CPU).  ``threads``: ONNX
+    Runtime's intra-op threads on the CPU.  ``stop``: set it (a signal handler does) to stop.
+    ``log``: called with each line, already prefixed ``worker NAME:`` (default: stderr).
+    """
+
+    def __init__(self, connect: str, *, keys: Optional[str] = None, device: str = "cpu",
+                 name: Optional[str] = None, games: Optional[int] = None, threads: Optional[int] = None,
+                 log: Optional[Callable[[str], object]] = None, stop: Optional[threading.Event] = None,
+                 context: Any = None) -> None:
+        self.connect = validate_endpoint(connect, "--connect")
+        (self.device,) = parse_devices(device)
+        self.name = name or default_name()
+        if _ID_BAD.search(self.name) or not 1 <= len(self.name) <= 128:
+            raise ValueError(f"--name {self.name!r}: use 1-128 letters, digits, '.', '_', ':' or '-'")
+        if games is not None and (isinstance(games, bool) or not isinstance(games, int) or games < 1):
+            raise ValueError(f"--games must be a whole number >= 1, got {games!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise ValueError(f"--threads must be a whole number >= 0, got {threads!r}")
+        self.keys_dir = keys
+        self.keys = load_client_keys(keys) if keys else None  # a bad folder: KeyFileError now, not later
+        self.games = games
+        self.threads = threads
+        self._log = log or _stderr
+        self.stop = stop or threading.Event()
+        self._context = context
+        self.link: Optional[_Link] = None
+        self.selfplay: Optional[SelfPlay] = None
+
+    def say(self, text: str) -> None:
+        try:
+            self._log(f"worker {self.name}: {text}")
+        except Exception:  # noqa: BLE001 - a broken log must not stop the games
+            pass
+
+    def run(self) -> int:
+        """Play until stopped; 0 after a clean stop (Stop, a signal); raises on a crash."""
+        register = wire.Register(self.name, socketlib.gethostname()[:wire.MAX_TEXT_CHARS], os.getpid(),
+                                 (self.device,), f"cyzero {__version__}")
+        link = self.link = _Link(self.connect, register, self.keys, self.stop, self.say, self._context)
+        try:
+            self._play(link)
+            if link.error is None:
+                left = link.finish(STOP_WAIT_S)
+                self.say("stopped" + (f"; {left} games were not acknowledged" if left else ""))
+        finally:
+            link.close()
+        if link.error is not None:
+            raise RuntimeError(f"the connection to the daemon failed: {link.error}")
+        return 0
+
+    def _play(self, link: _Link) -> None:
+        """Register, load the network and play until :attr:`stop` is set."""
+        while not self.stop.is_set() and not link.registered_event.wait(0.1):
+            pass
+        registered = link.registered
+        if registered is None:  # stopped before the daemon answered
+            return
+        settings = settings_from_config(registered.selfplay, registered.openings)
+        games = self.games or int(registered.selfplay.get("games_per_worker") or 0) or (
+            32 if self.device == "cpu" else 256)
+        tablebases = self._tablebases(str(registered.selfplay.get("syzygy") or ""))
+        manager = self._manager(registered)
+        try:
+            network = self._first_network(manager, registered)
+            if network is None:
+                return
+            generation = manager.generation or 0
+            self.selfplay = selfplay = SelfPlay(network, settings, games, generation=generation,
+                                                pipeline=self.device != "cpu", tablebases=tablebases)
+            link.playing, link.generation = games, generation
+            self.say(f"playing {games} games at once on {self.device}, generation {generation}")
+            try:
+                while not self.stop.is_set():
+                    if manager.apply_pending():
+                        generation = manager.generation if manager.generation is not None else generation
+                        selfplay.set_network(manager.get(), generation)
+                        link.generation = generation
+                    for game in selfplay.step():
+                        if len(game.records):  # a game without a full search teaches nothing
+                            link.submit(game)
+                    link.positions = selfplay.positions
+            finally:
+                selfplay.close()
+        finally:
+            manager.close()
+            if tablebases is not None:
+                tablebases.close()
+
+    # -- pieces of run() -----------------------------------------------------------------
+
+    def _tablebases(self, paths: str) -> Optional[Tablebases]:
+        if not paths.strip():
+            return None
+        try:
+            return Tablebases(paths)
+        except ValueError as e:
+            self.say(f"{e}; playing without Syzygy adjudication")
+            return None
+
+    def _manager(self, registered: wire.Registered) -> NetworkManager:
+        if self.device == "cpu":
+            backend, device_id = "cpu", 0
+        else:
+            backend, device_id = "tensorrt", int(self.device.split(":")[1])  # falls back to CUDA, said once
+        manager = NetworkManager(registered.path, backend=backend, device_id=device_id, threads=self.threads,
+                                 log=self.say, keys=self.keys_dir, watch=False, zmq_context=self._context)
+        if registered.publish:
+            try:
+                manager.set_endpoint(_public_endpoint(registered.publish, self.connect))
+            except ValueError as e:
+                self.say(f"cannot follow new generations: {e}")
+        return manager
+
+    def _first_network(self, manager: NetworkManager, registered: wire.Registered) -> Any:
+        """The daemon's current network: its file when readable here, else the first announcement's."""
+        path, sha256, generation = registered.path, registered.sha256, registered.generation
+        if path and sha256 and generation is not None and os.path.isfile(path) and os.access(path, os.R_OK):
+            manager.swap.propose(Proposal(path, sha256, ("trainer", generation, sha256), generation,
+                                          registered.run))
+        elif manager.follower is None:
+            raise RuntimeError("the daemon named no network readable here and no publish endpoint to fetch one")
+        start = time.monotonic()
+        said = False
+        while not self.stop.is_set():
+            if manager.wait_pending(0.2):
+                return manager.get()
+            if not said and time.monotonic() - start >= 30.0:
+                said = True
+                self.say(f"waiting for the daemon's network (announced on {manager.endpoint})")
+        return None
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _install_signals(stop: threading.Event) -> dict:
+    """SIGTERM and SIGINT set ``stop`` (main thread only); returns the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        old[sig] = signal.signal(sig, lambda *_: stop.set())
+    return old
+
+
+def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu", name: Optional[str] = None,
+                games: Optional[int] = None, threads: Optional[int] = None,
+                log: Optional[Callable[[str], object]] = None) -> int:
+    """``cyzero-train worker``: one worker per device, until stopped; the exit status.
+
+    A single device plays in this process; several devices get one subprocess each
+    (named ``NAME-cudaN``), which SIGTERM/SIGINT are passed on to.
+    """
+    out = log or _stderr
+    try:
+        device_list = parse_devices(devices)
+        validate_endpoint(connect, "--connect")
+    except ValueError as e:
+        out(f"cyzero-train worker: {e}")
+        return 2
+    base = name or default_name()
+    if len(device_list) == 1:
+        stop = threading.Event()
+        old = _install_signals(stop)
+        try:
+            worker = Worker(connect, keys=keys, device=device_list[0], name=base, games=games, threads=threads,
+                            log=log, stop=stop)
+            return worker.run()
+        except ValueError as e:  # bad arguments or keys, bad settings from the daemon
+            out(f"worker {base}: {e}")
+            return 2
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    children = []
+    for device in device_list:
+        command = [sys.executable, "-m", "trainer.cli", "worker", "--connect", connect, "--devices", device,
+                   "--name", f"{base}-{device.replace(':', '')}"]
+        command += (["--keys", keys] if keys else []) + (["--games", str(games)] if games else [])
+        command += ["--threads", str(threads)] if threads is not None else []
+        children.append(subprocess.Popen(command))
+    stop = threading.Event()
+    old = _install_signals(stop)
+    try:
+        while any(child.poll() is None for child in children):
+            if stop.wait(0.2):
+                for child in children:
+                    if child.poll() is None:
+                        child.send_signal(signal.SIGTERM)
+                for child in children:
+                    child.wait()
+        return max(abs(child.returncode) for child in children)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
