@@ -1,0 +1,477 @@
+"""The training daemon (trainer.daemon) against fake workers: DEALER sockets speaking trainer.wire.
+
+The daemon runs in a thread of the test with its child commands replaced by small Python
+scripts, so these tests need neither the real worker nor a learner; the run directory is a
+copy of one tiny initialised run (a 1x8 network), made once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import types
+import uuid
+
+import msgpack
+import numpy as np
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from engine.announce import TOPIC, decode_network_announcement, load_client_keys  # noqa: E402
+from trainer import wire  # noqa: E402
+from trainer.atomic import append_jsonl, read_jsonl  # noqa: E402
+from trainer.config import loads_config  # noqa: E402
+from trainer.daemon import Daemon, run_daemon  # noqa: E402
+from trainer.records import RECORD_DTYPE  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = """
+[model]
+net = "1x8"
+[train]
+batch_size = 16
+[daemon]
+endpoint = "tcp://127.0.0.1:*"
+publish = "tcp://127.0.0.1:*"
+fetch = "tcp://127.0.0.1:*"
+flush_s = 0.2
+restart_backoff_s = 0.1
+"""
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+PGN = '[Event "self-play"]\n[Result "1-0"]\n\n1. f3 e5 2. g4 Qh4# 0-1\n'
+
+
+def config(**sections):
+    return loads_config(CONFIG).replace(**sections) if sections else loads_config(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """One initialised run (generation 0 of a 1x8 network), copied by each test."""
+    from trainer.learner import initialize_run
+
+    folder = tmp_path_factory.mktemp("template")
+    path = folder / "config.toml"
+    path.write_text(CONFIG)
+    initialize_run(folder / "run", config_path=path, log=lambda line: None)
+    return folder / "run"
+
+
+@pytest.fixture
+def run_dir(template, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(template, target)
+    return str(target)
+
+
+class Running:
+    """A started daemon serving in a thread; ``close()`` is the SIGTERM path (serve ends, stop runs)."""
+
+    def __init__(self, run_dir, cfg=None, worker=None, learner=None, **kwargs):
+        self.lines: list[str] = []
+        self.daemon = Daemon(run_dir, cfg or config(), log=self.lines.append,
+                             worker_command=worker or (lambda *args: SLEEP),
+                             learner_command=learner or (lambda *args: SLEEP), **kwargs)
+        self.daemon.start()
+        with open(os.path.join(run_dir, "daemon.json")) as f:
+            self.info = json.load(f)
+        self.event = threading.Event()
+        self.thread = threading.Thread(target=self._serve)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            self.daemon.serve(self.event)
+        finally:
+            self.daemon.stop()
+
+    def close(self):
+        self.event.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Client:
+    """A fake worker: a DEALER that speaks trainer.wire."""
+
+    def __init__(self, endpoint, keys=None, curve=None):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            keys.apply(self.sock)
+        if curve is not None:  # (server public, public, secret)
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = curve
+        self.sock.connect(endpoint)
+
+    def send(self, message):
+        self.sock.send_multipart(wire.encode(message))
+
+    def send_raw(self, frames):
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout=10.0):
+        """The next message, or None after ``timeout`` seconds."""
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        return wire.decode(self.sock.recv_multipart())
+
+    def expect(self, kind, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.recv(max(0.01, deadline - time.monotonic()))
+            if isinstance(message, kind):
+                return message
+        raise AssertionError(f"no {kind.__name__} within {timeout} s")
+
+    def register(self, worker="w-test"):
+        self.send(wire.Register(worker, "testhost", os.getpid(), ("cpu",), "cyzero test"))
+        return self.expect(wire.Registered)
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def records(n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=RECORD_DTYPE)
+    out["version"] = 6
+    out["input_format"] = 1
+    out["visits"] = np.arange(n) + 1
+    return out
+
+
+def game(generation=0, n=5, game_id=None, worker="w-test"):
+    return wire.Game(worker, game_id or uuid.uuid4().hex, generation, "0-1", "checkmate", records(n), PGN)
+
+
+def manifest_adds(run_dir):
+    return [r for r in read_jsonl(os.path.join(run_dir, "replay", "manifest.jsonl")) if r.get("op") == "add"]
+
+
+def stored_ids(run_dir):
+    return [i for r in manifest_adds(run_dir) for i in r.get("game_ids", [])]
+
+
+def wait_for(predicate, timeout=10.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def test_register_games_acked_after_they_are_durable_and_duplicates_dropped(run_dir):
+    generations = read_jsonl(os.path.join(run_dir, "generations.jsonl"))
+    cfg = config()
+    first = game(0)
+    with Running(run_dir, cfg) as running, Client(running.info["endpoint"]) as client:
+        registered = client.register()
+        assert registered.run == "run" and registered.generation == 0
+        assert registered.path == os.path.join(run_dir, "networks", "gen-00000.onnx")
+        assert registered.sha256 == generations[0]["sha256"]
+        assert registered.publish == running.info["publish"]
+        assert registered.selfplay == dataclasses.asdict(cfg.selfplay)
+        from engine.tools.match import load_openings
+        assert list(registered.openings) == [o.board().fen() for o in load_openings()]
+
+        client.send(first)
+        ack = client.expect(wire.Ack)
+        assert ack.game_ids == (first.game_id,)
+        adds = manifest_adds(run_dir)  # read when the ack arrived: the game is already durable
+        assert [(a["generation"], a["source"], a["game_ids"], a["positions"]) for a in adds] == \
+            [(0, "selfplay", [first.game_id], 5)]
+        with open(os.path.join(run_dir, "pgn", "games-g00000.pgn")) as f:
+            assert "Qh4#" in f.read()
+
+        client.send(first)  # resent (the ack was lost): acknowledged again, stored once
+        assert client.expect(wire.Ack).game_ids == (first.game_id,)
+        older, newer = game(0), game(1)
+        client.send(older)
+        client.send(newer)
+        acked = set()
+        while len(acked) < 2:
+            acked.update(client.expect(wire.Ack).game_ids)
+        assert acked == {older.game_id, newer.game_id}
+    by_generation = {}
+    for add in manifest_adds(run_dir):
+        by_generation.setdefault(add["generation"], []).extend(add["game_ids"])
+    assert sorted(by_generation[0]) == sorted([first.game_id, older.game_id])
+    assert by_generation[1] == [newer.game_id]
+    assert os.path.isfile(os.path.join(run_dir, "pgn", "games-g00001.pgn"))
+
+    with Running(run_dir, cfg) as running, Client(running.info["endpoint"]) as client:
+        client.send(first)  # a restarted daemon still knows it by its id
+        assert client.expect(wire.Ack).game_ids == (first.game_id,)
+    assert sorted(stored_ids(run_dir)) == sorted([first.game_id, older.game_id, newer.game_id])
+
+
+def test_stop_flushes_buffered_games_acks_them_and_writes_workers_json(run_dir):
+    cfg = config(daemon={"flush_s": 60.0})
+    running = Running(run_dir, cfg)
+    with Client(running.info["endpoint"]) as client:
+        sent = game(0, n=3, worker="w-stop")
+        client.send(sent)
+        client.register("w-stop")  # answered after the game was taken: it is buffered now
+        assert stored_ids(run_dir) == []
+        running.close()
+        assert client.expect(wire.Ack).game_ids == (sent.game_id,)
+        assert isinstance(client.expect(wire.Stop), wire.Stop)
+    assert stored_ids(run_dir) == [sent.game_id]
+    with open(os.path.join(run_dir, "workers.json")) as f:
+        report = json.load(f)
+    assert report["games"] == 1 and report["positions"] == 3 and report["generation"] == 0
+    rows = {w["id"]: w for w in report["workers"]}
+    assert rows["w-stop"]["games"] == 1 and rows["w-stop"]["host"] == "testhost" and not rows["w-stop"]["local"]
+    assert rows["local-cpu-0"]["local"] and rows["local-cpu-0"]["restarts"] == 0
+
+
+def test_malformed_frames_are_dropped_and_the_daemon_keeps_serving(run_dir):
+    good = wire.encode(game(0, n=4))
+    truncated = [good[0], good[1][:-7], good[2]]
+    header = msgpack.unpackb(good[0])
+    header["frames"][0]["shape"] = [wire.MAX_FRAME_BYTES]  # declares a frame larger than the wire allows
+    oversized_frame = [msgpack.packb(header), good[1], good[2]]
+    register = {"type": "register", "version": 1, "worker": "w", "host": "h", "pid": 1, "devices": ["cpu"],
+                "software": "x"}
+    bad = [
+        [b"\xc1garbage"],
+        [b""],
+        truncated,
+        oversized_frame,
+        [msgpack.packb({"type": "register", "pad": "x" * 100_000})],  # a header over 64 KiB
+        [msgpack.packb({"type": "bogus", "version": 1})],
+        [msgpack.packb(dict(register, version=99))],
+        [msgpack.packb(dict(register, devices="cpu"))],
+        wire.encode(wire.Ack(("a" * 32,))),  # a daemon's message sent to the daemon
+    ]
+    with Running(run_dir) as running, Client(running.info["endpoint"]) as client:
+        for frames in bad:
+            client.send_raw(frames)
+            assert client.register().generation == 0
+        client.send(game(0))
+        client.expect(wire.Ack)
+        assert running.thread.is_alive()
+    dropped = [line for line in running.lines if "dropped" in line or "held back" in line]
+    assert dropped and any("malformed" in line for line in dropped)
+    assert len(stored_ids(run_dir)) == 1
+
+
+# --------------------------------------------------------------------------- keys and binding
+
+
+def test_keys_admit_only_authorised_clients(run_dir, tmp_path):
+    from trainer.keys import create_keys
+
+    keys = tmp_path / "keys"
+    create_keys(keys, ["good"])
+    cfg = config(daemon={"keys": str(keys)})
+    good = load_client_keys(keys / "clients" / "good")
+    stranger_public, stranger_secret = zmq.curve_keypair()
+    with Running(run_dir, cfg) as running:
+        assert running.info["keys"] is True
+        endpoint = running.info["endpoint"]
+        with Client(endpoint) as plain, Client(endpoint, curve=(good.server_public, stranger_public,
+                                                                 stranger_secret)) as stranger, \
+                Client(endpoint, keys=good) as member:
+            for client in (plain, stranger):
+                client.send(wire.Register("intruder", "h", 1, ("cpu",), "x"))
+            assert member.register("member").generation == 0
+            assert plain.recv(1.0) is None and stranger.recv(0.2) is None
+        assert "intruder" not in running.daemon._workers
+        # the local workers get keys of their own, admitted as the others
+        assert os.path.isfile(keys / "clients" / "local" / "client.key_secret")
+        assert os.path.isfile(keys / "authorized" / "local.key")
+
+
+def test_binding_a_wildcard_without_keys_is_refused(run_dir, tmp_path):
+    cfg = config(daemon={"endpoint": "tcp://0.0.0.0:*"})
+    with pytest.raises(ValueError) as err:
+        Daemon(run_dir, cfg, log=lambda line: None).start()
+    assert str(err.value) == ("binding tcp://0.0.0.0:* needs CurveZMQ keys: run `cyzero-train keys DIR` "
+                              "and set daemon.keys")
+    path = tmp_path / "open.toml"
+    path.write_text(CONFIG.replace('publish = "tcp://127.0.0.1:*"', 'publish = "tcp://*:5781"'))
+    lines: list[str] = []
+    assert run_daemon(run_dir, config=str(path), log=lines.append) == 2
+    assert lines == ["error: binding tcp://*:5781 needs CurveZMQ keys: run `cyzero-train keys DIR` and set "
+                     "daemon.keys"]
+    assert not os.path.exists(os.path.join(run_dir, "daemon.json"))
+
+
+def test_a_second_daemon_on_the_run_is_refused(run_dir):
+    with Running(run_dir):
+        with pytest.raises(ValueError, match=r"another daemon is running on .* \(pid \d+\)"):
+            Daemon(run_dir, config(), log=lambda line: None).start()
+        lines: list[str] = []
+        assert run_daemon(run_dir, log=lines.append) == 2
+        assert len(lines) == 1 and "another daemon is running" in lines[0]
+    Running(run_dir).close()  # released at stop
+
+
+# --------------------------------------------------------------------------- supervision
+
+HEARTBEATER = """
+import os, sys, time
+import zmq
+from trainer import wire
+endpoint, name, marker = sys.argv[1:4]
+if not os.path.exists(marker):  # the first life: silent until killed
+    open(marker, "w").close()
+    time.sleep(600)
+sock = zmq.Context().socket(zmq.DEALER)
+sock.connect(endpoint)
+while True:
+    sock.send_multipart(wire.encode(wire.Heartbeat(name, 3, 12.5, 0)))
+    time.sleep(0.2)
+"""
+
+
+def test_dead_and_silent_children_are_restarted(run_dir, tmp_path):
+    script = tmp_path / "heartbeater.py"
+    script.write_text(HEARTBEATER)
+    marker = tmp_path / "first-life"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def worker(device, k, endpoint, games, threads, keys):
+        assert (device, games, keys) == ("cpu", 32, None) and threads >= 1
+        return [sys.executable, str(script), endpoint, Daemon.worker_id(device, k), str(marker)]
+
+    def learner(run, devices):
+        assert (run, devices) == (run_dir, "cpu:1")
+        return [sys.executable, "-c", "import sys; sys.exit(3)"]
+
+    cfg = config(daemon={"heartbeat_timeout_s": 2.0})
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = repo + (os.pathsep + old if old else "")
+    try:
+        with Running(run_dir, cfg, worker=worker, learner=learner) as running:
+            wait_for(lambda: any("learner" in line and "restarted" in line and "restart 2" in line
+                                 for line in running.lines), what="the learner's second restart")
+            wait_for(lambda: any("local-cpu-0" in line and "silent for 2 s: killed" in line for line in running.lines),
+                     what="the silent worker killed")
+            row = running.daemon._workers["local-cpu-0"]
+            wait_for(lambda: row.playing == 3, what="the restarted worker's heartbeats")
+            heard = row.last_heard
+            wait_for(lambda: row.last_heard > heard, what="another heartbeat")
+            assert row.child.restarts == 1 and row.child.alive()
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert any("learner" in line and "exited with code 3" in line for line in running.lines)
+    with open(os.path.join(run_dir, "workers.json")) as f:
+        rows = {w["id"]: w for w in json.load(f)["workers"]}
+    assert rows["local-cpu-0"]["restarts"] == 1 and rows["local-cpu-0"]["playing"] == 3
+    assert rows["local-cpu-0"]["generation"] == 0
+    assert os.path.isfile(os.path.join(run_dir, "logs", "learner.log"))
+    assert os.path.isfile(os.path.join(run_dir, "logs", "worker-cpu-0.log"))
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def add_generation(run_dir, generation):
+    """A learner's export: a copy of generation 0's network as generation ``generation``."""
+    record = read_jsonl(os.path.join(run_dir, "generations.jsonl"))[0]
+    onnx = f"networks/gen-{generation:05d}.onnx"
+    shutil.copyfile(os.path.join(run_dir, record["onnx"]), os.path.join(run_dir, onnx))
+    append_jsonl(os.path.join(run_dir, "generations.jsonl"),
+                 dict(record, generation=generation, step=10 * generation, onnx=onnx, time=time.time()))
+    return onnx
+
+
+class Subscriber:
+    def __init__(self, endpoint):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        self.sock.connect(endpoint)
+
+    def wait(self, generation, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sock.poll(100):
+                announcement = decode_network_announcement(self.sock.recv_multipart())
+                if announcement.generation == generation:
+                    return announcement
+        raise AssertionError(f"generation {generation} not announced within {timeout} s")
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_new_generations_are_announced_and_logged(run_dir):
+    with Running(run_dir) as running:
+        sub = Subscriber(running.info["publish"])
+        try:
+            assert sub.wait(0).path == os.path.join(run_dir, "networks", "gen-00000.onnx")
+            onnx = add_generation(run_dir, 1)
+            announcement = sub.wait(1)
+            assert announcement.path == os.path.join(run_dir, onnx) and announcement.run == "run"
+            assert announcement.fetch == running.info["fetch"]
+        finally:
+            sub.close()
+        with Client(running.info["endpoint"]) as client:
+            assert client.register().generation == 1
+    published = read_jsonl(os.path.join(run_dir, "published.jsonl"))
+    assert [(p["generation"], p["onnx"], p["gated"]) for p in published] == \
+        [(0, "networks/gen-00000.onnx", False), (1, onnx, False)]
+    with Running(run_dir) as running:  # a restart announces the last one again, without a new line
+        with Client(running.info["endpoint"]) as client:
+            assert client.register().generation == 1
+    assert len(read_jsonl(os.path.join(run_dir, "published.jsonl"))) == 2
+
+
+def test_gating_publishes_only_accepted_generations(run_dir, monkeypatch):
+    calls = []
+
+    def gate(candidate, best, cfg, log, stop=None):
+        calls.append((os.path.basename(candidate), os.path.basename(best)))
+        accepted = candidate.endswith("gen-00002.onnx")
+        result = types.SimpleNamespace(accepted=accepted, wins=3 if accepted else 0, draws=1, losses=0 if accepted else 3,
+                                       reason="H1 accepted" if accepted else "H0 accepted", generation=None, best=None)
+        result.to_dict = lambda: {"generation": result.generation, "best": result.best, "accepted": result.accepted,
+                                  "reason": result.reason}
+        return result
+
+    monkeypatch.setitem(sys.modules, "trainer.gating", types.SimpleNamespace(gate=gate))
+    with Running(run_dir, config(gating={"enabled": True})) as running:
+        add_generation(run_dir, 1)
+        wait_for(lambda: read_jsonl(os.path.join(run_dir, "gating.jsonl")), what="the first gating line")
+        add_generation(run_dir, 2)
+        wait_for(lambda: len(read_jsonl(os.path.join(run_dir, "published.jsonl"))) == 2, what="generation 2")
+        with Client(running.info["endpoint"]) as client:
+            assert client.register().generation == 2
+    assert calls == [("gen-00001.onnx", "gen-00000.onnx"), ("gen-00002.onnx", "gen-00000.onnx")]
+    assert [(g["generation"], g["best"], g["accepted"]) for g in read_jsonl(os.path.join(run_dir, "gating.jsonl"))] \
+        == [(1, 0, False), (2, 0, True)]
+    assert [(p["generation"], p["gated"]) for p in read_jsonl(os.path.join(run_dir, "published.jsonl"))] == \
+        [(0, False), (2, True)]

@@ -1,0 +1,890 @@
+"""``cyzero-train run``: the training daemon (self-play workers, the learner, publishing).
+
+One process per run directory (an flock on ``RUN/daemon.lock``) that
+
+* serves the workers' ROUTER (:mod:`trainer.wire`): ``Register`` -> ``Registered``,
+  heartbeats, and finished games, which it writes to the replay store and only then
+  acknowledges (durable-then-ack), dropping a game whose id the store already holds, so a
+  worker may resend until it sees its ``Ack`` and no game is stored twice;
+* starts and supervises the local workers (``cyzero-train worker``, one per device and
+  slot) and the learner (``cyzero-train learn --follow``): a child that exits, or a worker
+  silent for ``daemon.heartbeat_timeout_s``, is restarted after a backoff;
+* polls ``RUN/generations.jsonl`` for the learner's exports and announces each new one on
+  the PUB socket (:class:`engine.announce.Announcer`, which also serves the bytes to
+  followers that cannot read the run), after a gating match when ``[gating]`` is on.
+
+The spec of the run directory's files (``daemon.json``, ``workers.json``,
+``published.jsonl``, ``gating.jsonl``, ``pgn/``, ``logs/``) is in docs/training.md.
+A malformed message is logged (rate-limited) and dropped, never fatal. Binding anything
+but loopback needs CurveZMQ keys. No pickle; torch only through :func:`initialize_run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import zmq
+
+from trainer import wire
+from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
+from trainer.config import TrainConfig, load_config, load_run_config, to_toml, CONFIG_FILE
+
+__all__ = ["Daemon", "run_daemon", "parse_devices", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
+           "PUBLISHED_FILE", "GATING_FILE"]
+
+Log = Callable[[str], Any]
+
+LOCK_FILE = "daemon.lock"
+DAEMON_FILE = "daemon.json"
+WORKERS_FILE = "workers.json"
+PUBLISHED_FILE = "published.jsonl"
+GATING_FILE = "gating.jsonl"
+PGN_DIR = "pgn"
+LOG_DIR = "logs"
+
+WORKERS_EVERY_S = 5.0  # workers.json rewritten this often
+GENERATIONS_EVERY_S = 1.0  # generations.jsonl polled this often
+STOP_WAIT_S = 30.0  # children's time to stop cleanly (the learner's final checkpoint)
+MAX_BACKOFF_S = 60.0
+QUICK_DEATH_S = 60.0  # a child dying sooner after its start doubles its next backoff
+ALIVE_S = 10.0  # a worker heard from within max(this, 5 heartbeats) counts as alive
+RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
+MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
+_RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
+
+
+def _stderr(line: str) -> None:
+    print(f"cyzero-train run: {line}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def parse_devices(spec: str) -> list[str]:
+    """``cpu`` -> ``["cpu"]``; ``cuda:0,1`` -> ``["cuda:0", "cuda:1"]`` (``cuda`` alone: cuda:0)."""
+    text = str(spec).strip().lower()
+    if text == "cpu":
+        return ["cpu"]
+    if text == "cuda":
+        return ["cuda:0"]
+    if text.startswith("cuda:"):
+        parts = [p.strip() for p in text[5:].split(",")]
+        if parts and all(p.isdigit() for p in parts) and len(set(parts)) == len(parts):
+            return [f"cuda:{int(p)}" for p in parts]
+    raise ValueError(f"devices must be cpu or cuda:0,1,..., got {spec!r}")
+
+
+def _host(endpoint: str) -> Optional[str]:
+    """The host of a ``tcp://HOST:PORT`` endpoint (None for ipc:// and inproc://, which stay local)."""
+    match = re.fullmatch(r"tcp://(.+):([0-9]+|\*)", endpoint.strip())
+    if match is None:
+        if endpoint.startswith(("ipc://", "inproc://")):
+            return None
+        raise ValueError(f"endpoint {endpoint!r} is not tcp://HOST:PORT (a PORT of * picks a free one)")
+    return match.group(1).strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # an interface name or a host name: reachable from elsewhere
+
+
+def check_bind(endpoints: Sequence[str], keys: str) -> None:
+    """ValueError when an endpoint is not loopback and no keys are set (nothing may listen open)."""
+    for endpoint in endpoints:
+        host = _host(endpoint)
+        if host is not None and not _is_loopback(host) and not keys:
+            raise ValueError(f"binding {endpoint} needs CurveZMQ keys: run `cyzero-train keys DIR` and set "
+                             "daemon.keys")
+
+
+def _wildcard(endpoint: str) -> str:
+    """A bound wildcard endpoint as announced: host ``*`` (the peer puts in the host it connected to)."""
+    return endpoint.replace("//0.0.0.0:", "//*:").replace("//[::]:", "//*:")
+
+
+def _local(endpoint: str) -> str:
+    """Where a local child connects to a bound endpoint (a wildcard means this host: loopback)."""
+    return endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+
+
+def run_name(run_dir: str) -> str:
+    """The run's name on the wire: the folder's name in the id charset."""
+    name = _RUN_CHARS.sub("-", os.path.basename(os.path.abspath(run_dir)))[:128]
+    return name or "run"
+
+
+class _Limited:
+    """A log that writes at most ``burst`` lines per ``period`` seconds, then says how many it held back."""
+
+    def __init__(self, log: Log, burst: int = 5, period: float = 10.0):
+        self._log, self._burst, self._period = log, burst, period
+        self._start = 0.0
+        self._count = 0
+        self._held = 0
+
+    def __call__(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self._start >= self._period:
+            if self._held:
+                self._log(f"({self._held} more such lines held back)")
+            self._start, self._count, self._held = now, 0, 0
+        if self._count < self._burst:
+            self._count += 1
+            self._log(line)
+        else:
+            self._held += 1
+
+
+# --------------------------------------------------------------------------- children
+
+
+class _Child:
+    """A supervised process (a local worker or the learner): started, watched, restarted with backoff."""
+
+    def __init__(self, name: str, command: list[str], log_path: str, base_backoff: float):
+        self.name, self.command, self.log_path = name, command, log_path
+        self.base_backoff = base_backoff
+        self.backoff = base_backoff
+        self.proc: Optional[subprocess.Popen] = None
+        self.started = 0.0  # monotonic
+        self.started_wall = 0.0
+        self.next_start: Optional[float] = 0.0  # monotonic; None: not to be restarted (stopping)
+        self.restarts = 0
+        self.spawned = 0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self) -> None:
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        with open(self.log_path, "ab") as out:  # the child holds its own descriptor
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)  # the daemon orders its stop
+        if self.spawned:
+            self.restarts += 1
+        self.spawned += 1
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.next_start = None
+
+    def died(self, now: float) -> float:
+        """Schedule the restart after a death; returns the wait."""
+        quick = now - self.started < QUICK_DEATH_S
+        wait = self.backoff if quick else self.base_backoff
+        self.backoff = min(wait * 2, MAX_BACKOFF_S) if quick else self.base_backoff
+        self.proc = None
+        self.next_start = now + wait
+        return wait
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+@dataclasses.dataclass
+class _Worker:
+    """What the daemon knows of one worker id (local or remote)."""
+
+    id: str
+    host: str = "?"
+    pid: int = 0
+    devices: tuple = ()
+    local: bool = False
+    identity: Optional[bytes] = None  # its DEALER's routing id
+    last_seen: float = 0.0  # unix time of its last message (0: none yet)
+    last_heard: float = 0.0  # monotonic
+    generation: Optional[int] = None
+    playing: int = 0
+    positions_per_s: float = 0.0
+    games: int = 0
+    positions: int = 0
+    started: float = dataclasses.field(default_factory=time.time)
+    child: Optional[_Child] = None
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """The training daemon of one run directory; :func:`run_daemon` drives it.
+
+    ``start()`` takes the run's lock, creates generation 0, binds the sockets and starts the
+    children; ``serve(stop)`` runs the loop until ``stop`` is set; ``stop()`` flushes, stops
+    everyone and releases the run. ``worker_command``/``learner_command`` (callables with the
+    methods' signatures) replace the child commands, for tests.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, config: TrainConfig, *, devices: Optional[str] = None,
+                 workers_per_device: Optional[int] = None, learner_devices: Optional[str] = None,
+                 log: Optional[Log] = None, worker_command: Optional[Callable[..., list[str]]] = None,
+                 learner_command: Optional[Callable[[str, str], list[str]]] = None):
+        self.run_dir = os.path.abspath(os.fspath(run_dir))
+        self.config = config
+        d = config.daemon
+        self.devices = parse_devices(devices if devices is not None else d.devices)
+        self.workers_per_device = workers_per_device if workers_per_device is not None else d.workers_per_device
+        if not isinstance(self.workers_per_device, int) or self.workers_per_device < 1:
+            raise ValueError(f"workers per device must be at least 1, got {self.workers_per_device!r}")
+        self.learner_devices = learner_devices if learner_devices is not None else d.learner_devices
+        self.log: Log = log or _stderr
+        self._dropped = _Limited(self.log)
+        if worker_command is not None:
+            self.worker_command = worker_command  # type: ignore[method-assign]
+        if learner_command is not None:
+            self.learner_command = learner_command  # type: ignore[method-assign]
+        self.name = run_name(self.run_dir)
+        self.keys_dir = self._keys_dir(d.keys)
+        self._lock_fd: Optional[int] = None
+        self._ctx: Optional[zmq.Context] = None
+        self._auth: Any = None
+        self._router: Any = None
+        self._announcer: Any = None
+        self._store: Any = None
+        self._stored: set[str] = set()
+        self._buffer: dict[str, tuple[wire.Game, set[bytes]]] = {}
+        self._first_buffered = 0.0
+        self._workers: dict[str, _Worker] = {}
+        self._learner: Optional[_Child] = None
+        self._lock = threading.Lock()  # the published state (the gating thread publishes too)
+        self._current: Optional[dict] = None  # the announced generation's record
+        self._considered = -1  # the newest generation published, gated or queued
+        self._games_total = 0
+        self._positions_total = 0
+        self._gate_cv = threading.Condition()
+        self._gate_next: Optional[dict] = None
+        self._gate_stop = threading.Event()
+        self._gate_thread: Optional[threading.Thread] = None
+        self._hurry = threading.Event()
+        self._started = False
+        self._stopped = False
+        self.endpoint = self.publish = self.fetch = ""
+
+    # -- commands --------------------------------------------------------------------------
+
+    def worker_command(self, device: str, k: int, endpoint: str, games: int, threads: Optional[int],
+                       keys_dir: Optional[str]) -> list[str]:
+        """The ``cyzero-train worker`` process for slot ``k`` of ``device``."""
+        command = [sys.executable, "-m", "trainer.cli", "worker", "--connect", endpoint, "--devices", device,
+                   "--name", self.worker_id(device, k), "--games", str(games)]
+        if threads is not None:
+            command += ["--threads", str(threads)]
+        if keys_dir is not None:
+            command += ["--keys", keys_dir]
+        return command
+
+    def learner_command(self, run_dir: str, learner_devices: str) -> list[str]:
+        """The ``cyzero-train learn --follow`` process (it reads RUN/config.toml, resumes at its checkpoint)."""
+        return [sys.executable, "-m", "trainer.cli", "learn", run_dir, "--devices", learner_devices, "--follow",
+                "--no-progress"]
+
+    @staticmethod
+    def worker_id(device: str, k: int) -> str:
+        return f"local-{device.replace(':', '')}-{k}"
+
+    def _keys_dir(self, keys: str) -> Optional[str]:
+        """The keys folder (a relative path is taken from the run directory, as selfplay.openings)."""
+        if not keys:
+            return None
+        path = os.path.expanduser(keys)
+        return os.path.abspath(path if os.path.isabs(path) else os.path.join(self.run_dir, path))
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Lock the run, create generation 0, bind, announce and start the children; ValueError for a
+        bad config, a second daemon or an open non-loopback bind."""
+        d = self.config.daemon
+        check_bind([d.endpoint, d.publish, d.fetch], d.keys)
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._take_lock()
+        try:
+            self._start()
+        except BaseException:
+            self._close()
+            raise
+        self._started = True
+
+    def _take_lock(self) -> None:
+        path = os.path.join(self.run_dir, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(f"another daemon is running on {self.run_dir} (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _start(self) -> None:
+        from trainer.learner import initialize_run
+        from trainer.replay import ReplayStore
+
+        self._openings = self._resolve_openings()
+        self._initialize(initialize_run)
+        self._store = ReplayStore(self.run_dir)
+        self._stored = self._store.game_ids()
+        for entry in self._store.entries():
+            if entry.source == "selfplay":
+                self._games_total += entry.games
+                self._positions_total += entry.positions
+        self._bind()
+        self._restore_published()
+        self._write_daemon_json()
+        self._start_children()
+        if self.config.gating.enabled:
+            self._gate_thread = threading.Thread(target=self._gating, name="cyzero-gating", daemon=True)
+            self._gate_thread.start()
+        self.log(f"serving {self.name}: workers at {self.endpoint}, announcements at {self.publish}"
+                 f"{' (CurveZMQ)' if self.keys_dir else ''}; generation {self._current_generation()}")
+
+    def _resolve_openings(self) -> tuple[str, ...]:
+        """selfplay.openings as FENs: bundled, a file relative to the run, or none."""
+        spec = self.config.selfplay.openings.strip()
+        if not spec:
+            return ()
+        from engine.tools.match import MatchError, load_openings
+
+        try:
+            if spec == "bundled":
+                openings = load_openings()
+            else:
+                path = os.path.expanduser(spec)
+                openings = load_openings(path if os.path.isabs(path) else os.path.join(self.run_dir, path))
+        except MatchError as e:
+            raise ValueError(f"selfplay.openings: {e}") from None
+        return tuple(opening.board().fen() for opening in openings)
+
+    def _initialize(self, initialize_run: Callable[..., dict]) -> None:
+        """RUN/config.toml from the config, checked against the run's checkpoint, and generation 0."""
+        text = to_toml(self.config)
+        run_file = os.path.join(self.run_dir, CONFIG_FILE)
+        try:
+            with open(run_file, encoding="utf-8") as f:
+                same = f.read() == text
+        except FileNotFoundError:
+            same = False
+        if same:
+            initialize_run(self.run_dir, log=self.log)
+            return
+        scratch = os.path.join(self.run_dir, f".daemon-config-{os.getpid()}.toml")
+        atomic_write_text(scratch, text)
+        try:
+            initialize_run(self.run_dir, config_path=scratch, log=self.log)
+        finally:
+            os.unlink(scratch)
+
+    def _bind(self) -> None:
+        from engine.announce import Announcer, load_server_keys
+
+        d = self.config.daemon
+        self._ctx = zmq.Context()
+        server_keys = None
+        if self.keys_dir is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+            from trainer.keys import create_keys
+
+            server_keys = load_server_keys(os.path.join(self.keys_dir, "server", "server.key_secret"))
+            create_keys(self.keys_dir, ["local"])  # the local workers' pair (kept when it exists)
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=os.path.join(self.keys_dir, "authorized"))
+        router = self._ctx.socket(zmq.ROUTER)
+        self._router = router
+        router.setsockopt(zmq.LINGER, 1000)
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_ROUTER_MESSAGE)
+        router.setsockopt(zmq.RCVHWM, 10_000)
+        if server_keys is not None:
+            router.curve_server = True
+            router.curve_publickey, router.curve_secretkey = server_keys
+        try:
+            router.bind(d.endpoint)
+        except zmq.ZMQError as e:
+            raise ValueError(f"cannot bind daemon.endpoint {d.endpoint}: {e}") from None
+        self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:
+            self._announcer = Announcer(d.publish, fetch_endpoint=d.fetch, server_keys=server_keys,
+                                        context=self._ctx, log=self.log)
+        except zmq.ZMQError as e:
+            raise ValueError(f"cannot bind daemon.publish {d.publish} or daemon.fetch {d.fetch}: {e}") from None
+        self.publish = self._announcer.endpoint
+        self.fetch = self._announcer.fetch_endpoint or ""
+
+    def _write_daemon_json(self) -> None:
+        info = {"pid": os.getpid(), "started": time.time(), "run": self.name, "endpoint": self.endpoint,
+                "publish": self.publish, "fetch": self.fetch, "keys": self.keys_dir is not None}
+        atomic_write_text(os.path.join(self.run_dir, DAEMON_FILE), json.dumps(info, indent=1) + "\n")
+
+    # -- children --------------------------------------------------------------------------
+
+    def _start_children(self) -> None:
+        d = self.config.daemon
+        logs = os.path.join(self.run_dir, LOG_DIR)
+        self._learner = _Child("learner", self.learner_command(self.run_dir, self.learner_devices),
+                               os.path.join(logs, "learner.log"), d.restart_backoff_s)
+        cpu_workers = sum(self.workers_per_device for device in self.devices if device == "cpu")
+        connect = _local(self.endpoint)
+        client_keys = os.path.join(self.keys_dir, "clients", "local") if self.keys_dir else None
+        for device in self.devices:
+            cpu = device == "cpu"
+            games = self.config.selfplay.games_per_worker or (32 if cpu else 256)
+            threads = (d.worker_threads or max(1, (os.cpu_count() or 1) // cpu_workers)) if cpu else None
+            for k in range(self.workers_per_device):
+                wid = self.worker_id(device, k)
+                child = _Child(wid, self.worker_command(device, k, connect, games, threads, client_keys),
+                               os.path.join(logs, f"worker-{device.replace(':', '')}-{k}.log"), d.restart_backoff_s)
+                self._workers[wid] = _Worker(wid, host=socket.gethostname(), devices=(device,), local=True,
+                                             child=child)
+        self._supervise()
+
+    def _children(self) -> list[_Child]:
+        children = [w.child for w in self._workers.values() if w.child is not None]
+        return children + ([self._learner] if self._learner is not None else [])
+
+    def _supervise(self) -> None:
+        """Start what is due, notice deaths and silent workers, schedule restarts."""
+        now = time.monotonic()
+        timeout = self.config.daemon.heartbeat_timeout_s
+        for child in self._children():
+            if child.proc is not None:
+                code = child.proc.poll()
+                if code is None:
+                    worker = self._workers.get(child.name)
+                    if worker is not None and now - max(worker.last_heard, child.started) > timeout:
+                        pid = child.proc.pid
+                        child.proc.kill()
+                        child.proc.wait()
+                        wait = child.died(now)
+                        self.log(f"{child.name} (pid {pid}) silent for {timeout:g} s: killed, restart in {wait:g} s")
+                    continue
+                pid = child.proc.pid
+                wait = child.died(now)
+                self.log(f"{child.name} (pid {pid}) exited with code {code}: restart in {wait:g} s "
+                         f"(see {os.path.relpath(child.log_path, self.run_dir)})")
+            if child.next_start is not None and now >= child.next_start:
+                try:
+                    child.spawn()
+                except OSError as e:
+                    wait = child.died(now)
+                    self.log(f"cannot start {child.name}: {e}; retry in {wait:g} s")
+                    continue
+                worker = self._workers.get(child.name)
+                if worker is not None:
+                    worker.pid = child.proc.pid if child.proc else 0
+                    worker.started = child.started_wall
+                if child.restarts:
+                    self.log(f"{child.name} restarted (pid {child.proc.pid if child.proc else '?'}, "
+                             f"restart {child.restarts})")
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event) -> None:
+        """Receive, flush, supervise, publish and report until ``stop`` is set."""
+        if not self._started:
+            raise RuntimeError("Daemon.serve before start()")
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        next_generations = next_workers = next_supervise = 0.0
+        while not stop.is_set() and not self._hurry.is_set():
+            if dict(poller.poll(100)).get(self._router):
+                self._receive()
+            now = time.monotonic()
+            self._flush_if_due(now)
+            if now >= next_supervise:
+                self._supervise()
+                next_supervise = now + 0.2
+            if now >= next_generations:
+                self._poll_generations()
+                next_generations = now + GENERATIONS_EVERY_S
+            if now >= next_workers:
+                self._write_workers()
+                next_workers = now + WORKERS_EVERY_S
+
+    def _flush_if_due(self, now: float) -> None:
+        d = self.config.daemon
+        if self._buffer and (now - self._first_buffered >= d.flush_s or len(self._buffer) >= d.flush_games):
+            self._flush()
+
+    def _receive(self) -> None:
+        for _ in range(RECEIVE_BATCH):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                message = wire.decode(frames[1:])
+            except wire.WireError as e:
+                self._dropped(f"dropped a malformed message: {e}")
+                continue
+            try:
+                self._handle(identity, message)
+            except wire.WireError as e:  # a reply we cannot encode: the peer's fault (a bad id)
+                self._dropped(f"dropped a message: {e}")
+            if len(self._buffer) >= self.config.daemon.flush_games:
+                self._flush()
+
+    def _send(self, identity: bytes, message: Any) -> None:
+        try:
+            self._router.send_multipart([identity, *wire.encode(message)], zmq.NOBLOCK)
+        except zmq.Again:
+            self._dropped("a worker is not reading its replies: one dropped")
+        except zmq.ZMQError as e:
+            self._dropped(f"reply not sent: {e}")
+
+    def _worker(self, worker_id: str, identity: bytes) -> _Worker:
+        """The worker of this id (one the daemon does not know is taken in: it may have restarted)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._workers[worker_id] = _Worker(worker_id)
+        worker.identity = identity
+        worker.last_seen = time.time()
+        worker.last_heard = time.monotonic()
+        return worker
+
+    def _handle(self, identity: bytes, message: Any) -> None:
+        if isinstance(message, wire.Register):
+            worker = self._worker(message.worker, identity)
+            worker.host, worker.pid, worker.devices = message.host, message.pid, tuple(message.devices)
+            self._send(identity, self._registered())
+        elif isinstance(message, wire.Heartbeat):
+            worker = self._worker(message.worker, identity)
+            worker.playing, worker.positions_per_s = message.playing, message.positions_per_s
+            worker.generation = message.generation
+        elif isinstance(message, wire.Game):
+            self._worker(message.worker, identity)
+            if message.game_id in self._stored:
+                self._send(identity, wire.Ack((message.game_id,)))
+            elif message.game_id in self._buffer:
+                self._buffer[message.game_id][1].add(identity)
+            else:
+                if not self._buffer:
+                    self._first_buffered = time.monotonic()
+                self._buffer[message.game_id] = (message, {identity})
+        else:
+            self._dropped(f"dropped a {type(message).__name__} message: workers do not send those")
+
+    def _registered(self) -> wire.Registered:
+        with self._lock:
+            current = self._current
+        selfplay = dataclasses.asdict(self.config.selfplay)
+        publish = _wildcard(self.publish)
+        if current is None:
+            return wire.Registered(self.name, publish=publish, selfplay=selfplay, openings=self._openings)
+        return wire.Registered(self.name, current["generation"], os.path.join(self.run_dir, current["onnx"]),
+                               current["sha256"], publish, selfplay, self._openings)
+
+    # -- storing games ---------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Write the buffered games (one chunk per generation), then their PGNs, then acknowledge them."""
+        if not self._buffer:
+            return
+        buffered, self._buffer = self._buffer, {}
+        by_generation: dict[int, list[tuple[wire.Game, set[bytes]]]] = {}
+        for game, senders in buffered.values():
+            by_generation.setdefault(game.generation, []).append((game, senders))
+        acks: dict[bytes, list[str]] = {}
+        for generation in sorted(by_generation):
+            entries = by_generation[generation]
+            games = [game for game, _ in entries]
+            try:
+                self._store.append_games([g.records for g in games], generation=generation, source="selfplay",
+                                         game_ids=[g.game_id for g in games])
+            except (OSError, ValueError) as e:
+                reason = f"replay store: {e}"
+                self.log(f"{len(games)} games of generation {generation} not stored ({e}): the workers resend them")
+                for game, senders in entries:
+                    for identity in senders:
+                        self._send(identity, wire.ErrorReply(reason[:wire.MAX_TEXT_CHARS], game.game_id))
+                continue
+            self._stored.update(g.game_id for g in games)
+            self._append_pgn(generation, games)
+            for game, senders in entries:
+                worker = self._workers.get(game.worker)
+                if worker is not None:
+                    worker.games += 1
+                    worker.positions += game.positions
+                self._games_total += 1
+                self._positions_total += game.positions
+                for identity in senders:
+                    acks.setdefault(identity, []).append(game.game_id)
+        for identity, ids in acks.items():
+            for i in range(0, len(ids), wire.MAX_ACK_GAMES):
+                self._send(identity, wire.Ack(tuple(ids[i:i + wire.MAX_ACK_GAMES])))
+
+    def _append_pgn(self, generation: int, games: Sequence[wire.Game]) -> None:
+        """RUN/pgn/games-gNNNNN.pgn gets the games' PGNs (after their chunk is durable)."""
+        folder = os.path.join(self.run_dir, PGN_DIR)
+        text = "".join(g.pgn.rstrip("\n") + "\n\n" for g in games)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(os.path.join(folder, f"games-g{generation:05d}.pgn"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o644)
+            try:
+                os.write(fd, text.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:  # the games are stored: a PGN lost is not worth a resend
+            self.log(f"PGNs of generation {generation} not written: {e}")
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def _current_generation(self) -> Optional[int]:
+        with self._lock:
+            return None if self._current is None else self._current["generation"]
+
+    def _restore_published(self) -> None:
+        """Re-announce the last published generation; publish the newest one when none was."""
+        from trainer.learner import newest_generation
+
+        published = [r for r in read_jsonl(os.path.join(self.run_dir, PUBLISHED_FILE))
+                     if isinstance(r.get("generation"), int) and isinstance(r.get("onnx"), str)
+                     and isinstance(r.get("sha256"), str)]
+        gated = [r["generation"] for r in read_jsonl(os.path.join(self.run_dir, GATING_FILE))
+                 if isinstance(r.get("generation"), int)]
+        for record in reversed(published):
+            if os.path.isfile(os.path.join(self.run_dir, record["onnx"])):
+                self._announce(record)
+                break
+        self._considered = max([r["generation"] for r in published] + gated + [-1])
+        if self._current is None:
+            newest = newest_generation(self.run_dir)
+            if newest is not None:
+                self._publish(newest, gated=False)
+
+    def _announce(self, record: dict) -> None:
+        with self._lock:
+            self._current = record
+        self._announcer.announce(record["generation"], os.path.join(self.run_dir, record["onnx"]), record["sha256"],
+                                 run=self.name)
+
+    def _publish(self, record: dict, *, gated: bool) -> None:
+        line = {"generation": record["generation"], "onnx": record["onnx"], "sha256": record["sha256"],
+                "time": time.time(), "gated": gated}
+        append_jsonl(os.path.join(self.run_dir, PUBLISHED_FILE), line)
+        self._announce(line)
+        with self._lock:
+            self._considered = max(self._considered, record["generation"])
+        self.log(f"published generation {record['generation']} ({record['onnx']})")
+
+    def _poll_generations(self) -> None:
+        """Publish (or queue for gating) each generation the learner exported since the last look."""
+        from trainer.learner import GENERATIONS_FILE
+
+        fresh = []
+        for record in read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE)):
+            generation, onnx, sha = record.get("generation"), record.get("onnx"), record.get("sha256")
+            if (isinstance(generation, int) and generation > self._considered and isinstance(onnx, str)
+                    and isinstance(sha, str) and os.path.isfile(os.path.join(self.run_dir, onnx))):
+                fresh.append(record)
+        fresh.sort(key=lambda r: r["generation"])
+        if not fresh:
+            return
+        if not self.config.gating.enabled:
+            for record in fresh:
+                self._publish(record, gated=False)
+            return
+        self._considered = fresh[-1]["generation"]
+        with self._gate_cv:
+            self._gate_next = fresh[-1]  # a gate in progress finishes; then only the newest is taken
+            self._gate_cv.notify()
+
+    def _gating(self) -> None:
+        """The gating thread: each queued generation plays the current best; published if accepted."""
+        from trainer.gating import gate
+
+        while not self._gate_stop.is_set():
+            with self._gate_cv:
+                while self._gate_next is None and not self._gate_stop.is_set():
+                    self._gate_cv.wait(0.5)
+                candidate, self._gate_next = self._gate_next, None
+            if candidate is None:
+                return
+            with self._lock:
+                best = self._current
+            if best is None:
+                self._publish(candidate, gated=True)
+                continue
+            self.log(f"gating generation {candidate['generation']} against generation {best['generation']}")
+            try:
+                result = gate(os.path.join(self.run_dir, candidate["onnx"]), os.path.join(self.run_dir, best["onnx"]),
+                              self.config.gating, self.log, stop=self._gate_stop)
+            except Exception as e:  # noqa: BLE001 - a match that cannot be played must not end the run
+                self.log(f"gating generation {candidate['generation']} failed: {e}")
+                continue
+            if not result.accepted and self._gate_stop.is_set():
+                return  # stopped: not a verdict (gated again after a restart)
+            result.generation, result.best = candidate["generation"], best["generation"]
+            append_jsonl(os.path.join(self.run_dir, GATING_FILE), result.to_dict())
+            self.log(f"gating generation {candidate['generation']}: {'accepted' if result.accepted else 'rejected'} "
+                     f"(+{result.wins} ={result.draws} -{result.losses}, {result.reason})")
+            if result.accepted:
+                self._publish(candidate, gated=True)
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def _write_workers(self) -> None:
+        now, mono = time.time(), time.monotonic()
+        alive_s = max(ALIVE_S, 5 * self.config.daemon.heartbeat_s)
+        rows = []
+        for w in self._workers.values():
+            running = w.child.alive() if w.child is not None else True
+            hours = max(now - w.started, 1.0) / 3600.0
+            rows.append({
+                "id": w.id, "host": w.host, "pid": w.pid, "devices": list(w.devices), "local": w.local,
+                "alive": bool(running and w.last_seen and mono - w.last_heard <= alive_s),
+                "last_seen": w.last_seen or None, "generation": w.generation, "playing": w.playing,
+                "positions_per_s": w.positions_per_s, "games": w.games, "positions": w.positions,
+                "games_per_hour": round(w.games / hours, 1),
+                "restarts": w.child.restarts if w.child is not None else 0, "started": w.started,
+            })
+        report = {"time": now, "generation": self._current_generation(), "games": self._games_total,
+                  "positions": self._positions_total, "workers": rows}
+        try:
+            atomic_write_text(os.path.join(self.run_dir, WORKERS_FILE), json.dumps(report, indent=1) + "\n")
+        except OSError as e:
+            self._dropped(f"{WORKERS_FILE} not written: {e}")
+
+    # -- stop ------------------------------------------------------------------------------
+
+    def hurry(self) -> None:
+        """A second signal: kill the children at once (the stop skips its waits)."""
+        self._hurry.set()
+        self._gate_stop.set()
+        for child in self._children():
+            child.signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Flush, send Stop to every worker, stop the children (SIGTERM, then SIGKILL after 30 s),
+        acknowledge what they resend meanwhile, write workers.json, release the run."""
+        if self._stopped or not self._started:
+            return
+        self._stopped = True
+        self._gate_stop.set()
+        with self._gate_cv:
+            self._gate_cv.notify_all()
+        self._flush()
+        for worker in self._workers.values():
+            if worker.identity is not None:
+                self._send(worker.identity, wire.Stop("the training daemon is stopping"))
+        children = self._children()
+        for child in children:
+            child.next_start = None
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        while any(c.alive() for c in children) and time.monotonic() < deadline and not self._hurry.is_set():
+            if dict(poller.poll(100)).get(self._router):
+                self._receive()  # workers resend their unacknowledged games before they exit
+            self._flush()
+        for child in children:
+            if child.alive():
+                self.log(f"{child.name} did not stop in {STOP_WAIT_S:g} s: killed")
+                child.signal(signal.SIGKILL)
+            if child.proc is not None:
+                child.proc.wait()
+        if dict(poller.poll(0)).get(self._router):
+            self._receive()
+        self._flush()
+        self._write_workers()
+        if self._gate_thread is not None:
+            self._gate_thread.join(5.0)
+        self._close()
+        self.log(f"stopped; {self._games_total} self-play games in the store")
+
+    def _close(self) -> None:
+        if self._announcer is not None:
+            self._announcer.close()
+            self._announcer = None
+        if self._router is not None:
+            self._router.close()
+            self._router = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        for child in self._children():  # a failed start leaves none running
+            if child.alive():
+                child.signal(signal.SIGKILL)
+                child.proc.wait()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainConfig:
+    """The config named (a path, or a bundled config's name), else RUN/config.toml, else the defaults."""
+    if config is None:
+        return load_run_config(run_dir)
+    from trainer import config as config_module
+
+    name = os.fspath(config)
+    bundled = getattr(config_module, "bundled_config", None)
+    path = (bundled(name) if bundled is not None else None) or name
+    return load_config(path)
+
+
+def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
+               devices: Optional[str] = None, workers_per_device: Optional[int] = None,
+               learner_devices: Optional[str] = None, log: Optional[Log] = None) -> int:
+    """``cyzero-train run``: serve the run until SIGINT/SIGTERM (a second one kills the children at once).
+
+    Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
+    log = log or _stderr
+    run_dir = os.path.abspath(os.fspath(run_dir))
+    stop = threading.Event()
+    try:
+        daemon = Daemon(run_dir, _resolve_config(run_dir, config), devices=devices,
+                        workers_per_device=workers_per_device, learner_devices=learner_devices, log=log)
+        daemon.start()
+    except (ValueError, OSError) as e:
+        log(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return 2
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):
+            if stop.is_set():
+                log("second signal: killing the children")
+                daemon.hurry()
+            else:
+                log(f"{signal.Signals(signum).name}: stopping (a second one kills at once)")
+                stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        daemon.serve(stop)
+    finally:
+        daemon.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
