@@ -1,6 +1,9 @@
-"""``cyzero-train bench train``: what the learner gets out of the hardware, measured side by side.
+"""``cyzero-train bench train`` and ``bench selfplay``: what the learner and the self-play workers
+get out of the hardware, each measured side by side with its ceiling.
 
-In one run, on one temporary replay store of synthetic records:
+``bench selfplay`` is :func:`bench_selfplay` (network evaluations/s in self-play against raw
+batched inference at the same batch size). ``bench train``, in one run, on one temporary
+replay store of synthetic records:
 
 * **raw**: forward, backward and optimiser step of the model on one batch already in memory,
   in a loop (:func:`trainer.learner.train_step`, nothing else): the ceiling;
@@ -36,7 +39,7 @@ import torch
 
 from trainer.config import default_config, to_toml
 
-__all__: Sequence[str] = ["bench_train", "synthetic_records", "format_report"]
+__all__: Sequence[str] = ["bench_selfplay", "bench_train", "format_report", "format_selfplay_report", "synthetic_records"]
 
 
 def synthetic_records(n: int, seed: int = 0) -> np.ndarray:
@@ -263,4 +266,198 @@ def bench_train(
                                              / figures["learner_1_rank_samples_per_s"])
     if print_report:
         print(format_report(figures), flush=True)
+    return figures
+
+
+# --------------------------------------------------------------------------- bench selfplay
+
+SELFPLAY_TARGET = 0.85  # self-play should keep this share of raw batched inference
+
+
+SELFPLAY_ROUNDS = 4  # the measuring time is split into rounds that alternate self-play and raw inference
+
+
+def _selfplay_job(job: dict, barrier: Any) -> dict:
+    """One process: self-play and raw ``evaluate`` on one network, alternating in rounds.
+
+    After a warm-up step of self-play, each of :data:`SELFPLAY_ROUNDS` rounds plays self-play
+    steps for ``seconds / rounds`` and then runs raw ``evaluate`` for as long at the mean batch
+    self-play has sent so far; alternating spreads a shared machine's changing load over both.
+    Processes measured together wait on ``barrier`` before each phase, so they run the same one.
+    Positions are counted by the wrapper around ``evaluate``.
+    """
+    from engine.network import Network
+    from engine.tools.bench import _CountingNetwork, _nn_inputs
+    from trainer.selfplay import SelfPlay, SelfPlaySettings
+
+    net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
+    counted = _CountingNetwork(net)
+    share = job["seconds"] / SELFPLAY_ROUNDS
+    figures = {"positions": 0, "calls": 0, "plies": 0, "seconds": 0.0, "raw_positions": 0, "raw_seconds": 0.0,
+               "finished_plies": []}
+    selfplay = SelfPlay(counted, SelfPlaySettings(), job["games"], pipeline=job["pipeline"])
+    try:
+        selfplay.step()  # warm-up: the trees and the first batches
+        planes = np.zeros((0, 112, 8, 8), np.float32)
+        for _ in range(SELFPLAY_ROUNDS):
+            barrier.wait()
+            positions, calls, moves = counted.positions, counted.calls, selfplay.moves
+            start = time.perf_counter()
+            while time.perf_counter() - start < share:
+                figures["finished_plies"] += [game.plies for game in selfplay.step()]
+            figures["seconds"] += time.perf_counter() - start
+            figures["positions"] += counted.positions - positions
+            figures["calls"] += counted.calls - calls
+            figures["plies"] += selfplay.moves - moves
+            batch = max(1, round(figures["positions"] / max(1, figures["calls"])))
+            if len(planes) < batch:
+                planes = _nn_inputs(batch)[0]
+            counted.evaluate(planes[:batch])  # warm-up at this size
+            barrier.wait()
+            start = time.perf_counter()
+            while time.perf_counter() - start < share:
+                counted.evaluate(planes[:batch])
+                figures["raw_positions"] += batch
+            figures["raw_seconds"] += time.perf_counter() - start
+    finally:
+        selfplay.close()
+    return figures
+
+
+def _selfplay_child(job: dict, barrier: Any, results: Any) -> None:
+    try:
+        results.put(_selfplay_job(job, barrier))
+    except BaseException as e:  # reported by the parent as one line
+        barrier.abort()
+        results.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _run_together(jobs: list[dict]) -> list[dict]:
+    """Run ``jobs`` in as many spawned processes at once; their results (RuntimeError on a failure)."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(jobs)), ctx.Queue()
+    processes = [ctx.Process(target=_selfplay_child, args=(job, barrier, results), daemon=True) for job in jobs]
+    for process in processes:
+        process.start()
+    out: list[dict] = []
+    try:
+        while len(out) < len(jobs):
+            try:
+                out.append(results.get(timeout=1.0))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in processes) or not any(p.is_alive() for p in processes):
+                    codes = [p.exitcode for p in processes]
+                    raise RuntimeError(f"bench selfplay: a measuring process died (exit codes {codes})") from None
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    errors = [r["error"] for r in out if "error" in r]
+    if errors:
+        raise RuntimeError(f"bench selfplay: {errors[0]}")
+    return out
+
+
+def format_selfplay_report(figures: dict) -> str:
+    """The self-play figures as a person reads them."""
+    f = figures
+    lines = [
+        f"cyzero-train bench selfplay: {os.path.basename(f['network'])} on the CPU ({f['cores']} cores), "
+        f"{f['games_per_worker']} games per worker, visits {f['visits']} (fast {f['fast_visits']}, "
+        f"full-search share {f['full_search_prob']:g}), pipeline {'on' if f['pipeline'] else 'off'}, "
+        f"{f['seconds']:g} s of self-play and {f['seconds']:g} s of raw inference per process, alternating",
+    ]
+    for key, run in f["runs"].items():
+        ok = "ok" if run["ratio"] >= SELFPLAY_TARGET else "BELOW TARGET"
+        lines += [
+            f"  {key} worker(s), {run['threads_per_worker']} thread(s) each, mean batch {run['batch']:.0f}:",
+            f"    raw evaluate                {run['raw_evals_per_s']:>10,.0f} evals/s",
+            f"    self-play                   {run['selfplay_evals_per_s']:>10,.0f} evals/s  "
+            f"({run['ratio']:.0%} of raw, target >= {SELFPLAY_TARGET:.0%}: {ok})",
+            f"    plies/s {run['plies_per_s']:.2f}; games/hour >= {run['games_per_hour']:.1f} "
+            f"(plies/s x 3600 / {f['max_plies']}, the longest a game can be)"
+            + (f"; {run['games_per_hour_finished']:.1f} with the mean length {run['mean_finished_plies']:.0f} "
+               f"of the {run['games_finished']} games that finished (biased short)"
+               if run["games_finished"] else "; no game finished in the measurement"),
+        ]
+    return "\n".join(lines)
+
+
+def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network: str | None = None,
+                   workers: Sequence[int] = (1, 2), games: int | None = None,
+                   pipeline: bool | None = None, log: Callable[[str], Any] | None = None) -> dict:
+    """Network evaluations/s during self-play against raw batched inference, one after the other.
+
+    For each count K in ``workers``: K processes at once, the CPU's cores split among them as
+    ONNX Runtime threads, each with ``SelfPlay`` at the default ``SelfPlaySettings`` (``games``
+    games, default 32 as a CPU worker plays) and, in alternating rounds (:func:`_selfplay_job`),
+    raw ``Network.evaluate`` at the mean batch self-play sent; ``seconds`` of each per process,
+    after a warm-up step. Evaluations are counted by a wrapper around ``evaluate``.
+    ``network``: an ONNX file (default the bundled one). ``pipeline``: two batches in flight
+    (default as a worker does on the CPU: off, ``engine.search.default_pipeline``).
+
+    Games/hour: plies/s x 3600 / ``max_plies`` (450 by default), a lower bound since no game is
+    longer; games finished during the measurement also give a second figure from their mean
+    length, biased short (only the short games finish in a short run).
+
+    Returns ``{"network", "cores", "games_per_worker", "visits", "fast_visits", "full_search_prob",
+    "max_plies", "pipeline", "seconds", "target", "runs": {"K": {"workers", "threads_per_worker",
+    "batch" (mean positions per evaluate call in self-play), "selfplay_evals_per_s",
+    "raw_evals_per_s", "ratio" (self-play / raw), "plies_per_s", "games_per_hour",
+    "games_finished", "mean_finished_plies", "games_per_hour_finished"}}}``; rates are summed over
+    the K processes.
+    """
+    from engine.weights import default_weights_path
+    from trainer.selfplay import SelfPlaySettings
+
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    if not seconds > 0:
+        raise ValueError(f"seconds must be above 0, got {seconds}")
+    if not workers or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in workers):
+        raise ValueError(f"workers must be whole numbers >= 1, got {workers!r}")
+    games = 32 if games is None else games
+    if isinstance(games, bool) or not isinstance(games, int) or games < 1:
+        raise ValueError(f"games must be a whole number >= 1, got {games!r}")
+    path = os.path.abspath(network or default_weights_path())
+    if not os.path.isfile(path):
+        raise ValueError(f"no network at {path}")
+    if pipeline is None:
+        pipeline = False  # what a CPU worker does (trainer.worker; engine.search.default_pipeline)
+    settings = SelfPlaySettings()
+    cores = os.cpu_count() or 1
+    figures: dict[str, Any] = {
+        "network": path, "cores": cores, "games_per_worker": games, "visits": settings.visits,
+        "fast_visits": settings.fast_visits, "full_search_prob": settings.full_search_prob,
+        "max_plies": settings.max_plies, "pipeline": pipeline, "seconds": seconds, "target": SELFPLAY_TARGET,
+        "runs": {},
+    }
+    for k in workers:
+        threads = max(1, cores // k)
+        job = {"network": path, "threads": threads, "seconds": seconds, "games": games, "pipeline": pipeline}
+        results = _run_together([job] * k)
+        positions = sum(r["positions"] for r in results)
+        calls = sum(r["calls"] for r in results)
+        if not calls:
+            raise RuntimeError("bench selfplay: self-play sent nothing to the network in the measurement")
+        selfplay_rate = sum(r["positions"] / r["seconds"] for r in results)
+        raw_rate = sum(r["raw_positions"] / r["raw_seconds"] for r in results)
+        plies_per_s = sum(r["plies"] / r["seconds"] for r in results)
+        finished = [n for r in results for n in r["finished_plies"]]
+        mean_finished = statistics.mean(finished) if finished else None
+        run = figures["runs"][str(k)] = {
+            "workers": k, "threads_per_worker": threads, "batch": positions / calls,
+            "selfplay_evals_per_s": selfplay_rate, "raw_evals_per_s": raw_rate,
+            "ratio": selfplay_rate / raw_rate, "plies_per_s": plies_per_s,
+            "games_per_hour": plies_per_s * 3600.0 / settings.max_plies,
+            "games_finished": len(finished), "mean_finished_plies": mean_finished,
+            "games_per_hour_finished": plies_per_s * 3600.0 / mean_finished if mean_finished else None,
+        }
+        log(f"bench selfplay: {k} worker(s): self-play {selfplay_rate:,.0f} evals/s, raw {raw_rate:,.0f} evals/s "
+            f"at batch {run['batch']:.0f} ({run['ratio']:.0%})")
+    if print_report:
+        print(format_selfplay_report(figures), flush=True)
     return figures

@@ -1,0 +1,58 @@
+"""trainer.bench.bench_selfplay: a short real run on a tiny network returns sane figures (no
+wall-clock assertions: the rates depend on the machine and its load)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainer.bench import bench_selfplay, format_selfplay_report
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def tiny_net(tmp_path_factory):
+    from trainer.export import export_onnx
+    from trainer.model import build_net
+
+    path = tmp_path_factory.mktemp("net") / "tiny.onnx"
+    export_onnx(build_net("1x8", seed=3), path, check_positions=16)
+    return str(path)
+
+
+def test_a_short_run_returns_positive_rates_and_a_sane_ratio(tiny_net, capsys):
+    lines: list[str] = []
+    figures = bench_selfplay(print_report=True, seconds=2.0, network=tiny_net, workers=(1,), games=4,
+                             log=lines.append)
+    assert figures["network"] == tiny_net and figures["games_per_worker"] == 4
+    assert list(figures["runs"]) == ["1"]
+    run = figures["runs"]["1"]
+    assert run["workers"] == 1 and run["threads_per_worker"] >= 1
+    for key in ("selfplay_evals_per_s", "raw_evals_per_s", "plies_per_s", "games_per_hour", "batch"):
+        assert run[key] > 0 and math.isfinite(run[key]), key
+    assert 0 < run["ratio"] <= 1.5
+    assert run["ratio"] == pytest.approx(run["selfplay_evals_per_s"] / run["raw_evals_per_s"])
+    # the stated basis: plies/s x 3600 / max_plies
+    assert run["games_per_hour"] == pytest.approx(run["plies_per_s"] * 3600 / figures["max_plies"])
+    # 4 games, a batch per round of at most their leaves: the mean batch cannot exceed 4 x MinibatchSize
+    assert run["batch"] <= 4 * 256
+    if run["games_finished"]:
+        assert run["games_per_hour_finished"] == pytest.approx(run["plies_per_s"] * 3600 / run["mean_finished_plies"])
+    else:
+        assert run["mean_finished_plies"] is None and run["games_per_hour_finished"] is None
+    json.dumps(figures, allow_nan=False)
+    printed = capsys.readouterr().out
+    assert printed.strip() == format_selfplay_report(figures) and "evals/s" in printed
+    assert lines and "1 worker(s)" in lines[-1]
+
+
+def test_bad_arguments_are_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no network at"):
+        bench_selfplay(print_report=False, seconds=1.0, network=str(tmp_path / "missing.onnx"))
+    with pytest.raises(ValueError, match="workers"):
+        bench_selfplay(print_report=False, seconds=1.0, workers=(0,))
+    with pytest.raises(ValueError, match="seconds"):
+        bench_selfplay(print_report=False, seconds=0.0)
