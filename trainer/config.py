@@ -30,7 +30,7 @@ __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
     "SelfPlayConfig", "DaemonConfig", "GatingConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
-    "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config",
+    "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config", "bundled_config",
 ]
 
 #: the run's config, in the run directory (``learn`` writes it on the first start)
@@ -361,6 +361,15 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
     except UnicodeDecodeError:
         raise ValueError(f"config {path} is not UTF-8 text") from None
     return loads_config(text, path)
+
+
+def bundled_config(name: str) -> str | None:
+    """The path of the config that ships with the package under ``name`` (``cpu``, ``gpu``:
+    ``trainer/configs/NAME.toml``), or None when there is none, so ``--config cpu`` works installed."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", f"{name}.toml")
+    return path if os.path.isfile(path) else None
 
 
 def load_run_config(run_dir: str | os.PathLike) -> TrainConfig:

@@ -1,0 +1,45 @@
+"""The configs that ship with the package (trainer/configs/*.toml): `cyzero-train run RUN --config cpu`."""
+
+import ast
+import glob
+import os
+
+import pytest
+
+from trainer.config import bundled_config, default_config, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+def test_each_bundled_config_loads_and_is_found_by_name(name):
+    path = bundled_config(name)
+    assert path == os.path.join(ROOT, "trainer", "configs", f"{name}.toml")
+    config = load_config(path)  # every key known, every value in range
+    assert config != default_config()
+
+
+def test_the_cpu_config_plays_and_learns_on_the_cpu_and_the_gpu_config_on_cuda():
+    cpu, gpu = load_config(bundled_config("cpu")), load_config(bundled_config("gpu"))
+    assert (cpu.daemon.devices, cpu.daemon.workers_per_device, cpu.daemon.learner_devices) == ("cpu", 1, "cpu:1")
+    assert gpu.daemon.devices.startswith("cuda") and gpu.daemon.learner_devices.startswith("cuda")
+    blocks_filters = [tuple(map(int, c.model.net.split("x"))) for c in (cpu, gpu)]
+    assert blocks_filters[0] < blocks_filters[1]  # a smaller net where evaluations are scarce
+    assert cpu.selfplay.visits < gpu.selfplay.visits and cpu.train.batch_size < gpu.train.batch_size
+    assert cpu.replay.floor < default_config().replay.floor  # the window follows the newest games sooner
+
+
+@pytest.mark.parametrize("name", ["nope", "", "../config", "cpu.toml", "configs/cpu", None])
+def test_an_unknown_or_odd_name_is_none(name):
+    assert bundled_config(name) is None
+
+
+def test_setup_ships_every_bundled_config():
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
+    package_data = next(kw.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                        for kw in node.keywords if kw.arg == "package_data")
+    patterns = ast.literal_eval(package_data)["trainer"]
+    shipped = {os.path.relpath(p, os.path.join(ROOT, "trainer"))
+               for pattern in patterns for p in glob.glob(os.path.join(ROOT, "trainer", pattern))}
+    configs = glob.glob(os.path.join(ROOT, "trainer", "configs", "*.toml"))
+    assert configs and {os.path.relpath(p, os.path.join(ROOT, "trainer")) for p in configs} <= shipped
