@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.atomic import atomic_open, read_jsonl
 from trainer.config import load_run_config
+from trainer.daemon import DAEMON_FILE, GATING_FILE, PUBLISHED_FILE, WORKERS_FILE
 from trainer.learner import GENERATIONS_FILE, METRICS_FILE, list_checkpoints
 from trainer.replay import ReplayStore, is_validation, window_size
 
@@ -80,13 +81,6 @@ def run_status(run_dir: str | os.PathLike) -> dict:
         "metrics": metrics[-1] if metrics else None,
         **_daemon_status(run_dir),
     }
-
-
-# The daemon's files in the run directory (docs/training.md, "The daemon").
-DAEMON_FILE = "daemon.json"
-WORKERS_FILE = "workers.json"
-PUBLISHED_FILE = "published.jsonl"
-GATING_FILE = "gating.jsonl"
 
 
 def _log(path: str) -> list[dict]:
