@@ -95,6 +95,22 @@ class FakeDaemon:
         self.ack = True        # ack each game at once
         self.refuse: set[str] = set()
 
+    def restart(self) -> None:
+        """A new ROUTER on the same endpoint (a daemon restarted): it knows nobody."""
+        self.router.close(0)
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        deadline = time.monotonic() + 10.0
+        while True:  # ZeroMQ closes the old listener in the background: the port is free a moment later
+            try:
+                self.router.bind(self.endpoint)
+                break
+            except zmq.ZMQError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.identity = None
+
     def send(self, message: wire.Message) -> None:
         assert self.identity is not None
         self.router.send_multipart([self.identity, *wire.encode(message)])
@@ -237,6 +253,23 @@ def test_unacked_games_are_resent_with_the_same_id_refused_ones_dropped(daemon_f
     later = [m.game_id for _, m in daemon.messages[mark:] if isinstance(m, wire.Game)]
     assert first.game_id not in later and second.game_id not in later
     assert running.worker.link.refused == 1
+
+
+def test_keeps_working_through_a_daemon_restart(daemon_factory, nets):
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    daemon.ack = False
+    start(daemon)
+    daemon.serve(lambda: len(daemon.games()) >= 1)
+    lost = daemon.games()[0].game_id
+    daemon.restart()
+    daemon.ack = True
+    mark = len(daemon.messages)
+    # The unacknowledged game reaches the new daemon (resent), and new games and heartbeats follow.
+    daemon.serve(lambda: any(isinstance(m, wire.Game) and m.game_id == lost for _, m in daemon.messages[mark:])
+                 and any(isinstance(m, wire.Game) and m.game_id != lost for _, m in daemon.messages[mark:])
+                 and any(isinstance(m, wire.Heartbeat) for _, m in daemon.messages[mark:]))
+    assert not any(isinstance(m, wire.Register) for _, m in daemon.messages[mark:])
 
 
 def test_stop_resends_unacked_games_then_exits_zero(daemon_factory, nets):
@@ -434,3 +467,28 @@ def test_real_syzygy_tables():
         assert selfplay_end(fake_self, Board("8/8/8/4k3/8/8/3QK3/8 b - - 0 1")) == (True, "syzygy", True)  # black to move is lost
     finally:
         tables.close()
+
+
+def test_several_devices_run_one_process_each(daemon_factory, nets):
+    """`--devices cpu,cuda:0`: a subprocess per device, named NAME-cpu and NAME-cuda0 (without a GPU the
+    cuda one falls back to the CPU with a line); SIGTERM to the parent stops both, exit 0."""
+    make, _ = daemon_factory
+    daemon = make(current(nets))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    process = subprocess.Popen([sys.executable, "-m", "trainer.cli", "worker", "--connect", daemon.endpoint,
+                                "--devices", "cpu,cuda:0", "--name", "multi", "--games", "2", "--threads", "1"],
+                               cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        daemon.serve(lambda: {g.worker for g in daemon.games()} == {"multi-cpu", "multi-cuda0"}, timeout=60)
+        registers = {m.worker: m for _, m in daemon.messages if isinstance(m, wire.Register)}
+        assert registers["multi-cuda0"].devices == ("cuda:0",) and registers["multi-cpu"].devices == ("cpu",)
+        assert len({m.pid for m in registers.values()} | {process.pid}) == 3
+        process.send_signal(signal.SIGTERM)
+        daemon.serve(lambda: process.poll() is not None, timeout=30)
+        assert process.wait() == 0
+        err = process.stderr.read()
+        assert "worker multi-cpu: stopped" in err and "worker multi-cuda0: stopped" in err, err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
