@@ -162,7 +162,8 @@ def test_a_real_gate_is_consistent(tiny_nets, cfg):
 
 
 def test_the_stop_event_ends_a_gate_early(tiny_nets):
-    cfg = GatingConfig(enabled=True, nodes=8, max_games=200, concurrency=1)
+    # two games at once: when the first ends, the other is under way and is abandoned
+    cfg = GatingConfig(enabled=True, nodes=8, max_games=200, concurrency=2)
     stop = threading.Event()
     lines: list[str] = []
 
