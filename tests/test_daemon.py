@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -281,6 +282,33 @@ def test_malformed_frames_are_dropped_and_the_daemon_keeps_serving(run_dir):
     assert len(stored_ids(run_dir)) == 1
 
 
+def test_junk_on_every_socket_and_a_message_over_the_size_limit_leave_the_daemon_serving(run_dir):
+    from engine.announce import decode_fetch_reply, encode_fetch_request
+
+    generation = read_jsonl(os.path.join(run_dir, "generations.jsonl"))[0]
+    with Running(run_dir) as running:
+        for endpoint in (running.info["endpoint"], running.info["publish"], running.info["fetch"]):
+            host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as raw:  # not even ZMTP
+                raw.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 64)
+        with Client(running.info["fetch"]) as fetcher:
+            fetcher.send_raw([b"\xc1garbage"])
+            fetcher.send_raw(encode_fetch_request(0, generation["sha256"]))
+            assert fetcher.sock.poll(10_000)
+            reply = fetcher.sock.recv_multipart()
+            assert decode_fetch_reply(reply[0]).size == os.path.getsize(os.path.join(run_dir, generation["onnx"]))
+        with Client(running.info["endpoint"]) as big:  # past the ROUTER's MAXMSGSIZE: disconnected, not read
+            header = wire.encode(game(0))[0]
+            big.send_raw([header, bytes(wire.MAX_FRAME_BYTES), bytes(wire.MAX_FRAME_BYTES + (1 << 20))])
+            assert big.recv(1.0) is None
+        assert not any("holds" in line for line in running.lines)  # never decoded: the socket refused it
+        with Client(running.info["endpoint"]) as client:
+            assert client.register().generation == 0
+            client.send(game(0))
+            client.expect(wire.Ack)
+        assert running.thread.is_alive()
+
+
 # --------------------------------------------------------------------------- keys and binding
 
 
@@ -365,14 +393,14 @@ def test_dead_and_silent_children_are_restarted(run_dir, tmp_path):
         assert (run, devices) == (run_dir, "cpu:1")
         return [sys.executable, "-c", "import sys; sys.exit(3)"]
 
-    cfg = config(daemon={"heartbeat_timeout_s": 2.0})
+    cfg = config(daemon={"heartbeat_timeout_s": 2.5})
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = repo + (os.pathsep + old if old else "")
     try:
         with Running(run_dir, cfg, worker=worker, learner=learner) as running:
             wait_for(lambda: any("learner" in line and "restarted" in line and "restart 2" in line
                                  for line in running.lines), what="the learner's second restart")
-            wait_for(lambda: any("local-cpu-0" in line and "silent for 2 s: killed" in line for line in running.lines),
+            wait_for(lambda: any("local-cpu-0" in line and "silent for 2.5 s: killed" in line for line in running.lines),
                      what="the silent worker killed")
             row = running.daemon._workers["local-cpu-0"]
             wait_for(lambda: row.playing == 3, what="the restarted worker's heartbeats")

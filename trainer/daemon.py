@@ -194,7 +194,7 @@ class _Child:
         return wait
 
     def signal(self, sig: int) -> None:
-        if self.alive():
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
@@ -251,7 +251,7 @@ class Daemon:
         if worker_command is not None:
             self.worker_command = worker_command  # type: ignore[method-assign]
         if learner_command is not None:
-            self.learner_command = learner_command  # type: ignore[method-assign]
+            self.learner_command = learner_command  # type: ignore[method-assign, assignment]
         self.name = run_name(self.run_dir)
         self.keys_dir = self._keys_dir(d.keys)
         self._lock_fd: Optional[int] = None
@@ -351,6 +351,10 @@ class Daemon:
                 self._positions_total += entry.positions
         self._bind()
         self._restore_published()
+        try:  # what every worker gets must be sendable: a bad [selfplay] or opening is the config's fault
+            wire.encode(self._registered())
+        except wire.WireError as e:
+            raise ValueError(f"the workers' settings cannot be sent: {e}") from None
         self._write_daemon_json()
         self._start_children()
         if self.config.gating.enabled:
@@ -405,8 +409,8 @@ class Daemon:
             from zmq.auth.thread import ThreadAuthenticator
             from trainer.keys import create_keys
 
+            create_keys(self.keys_dir, ["local"])  # the local workers' pair; existing keys are kept
             server_keys = load_server_keys(os.path.join(self.keys_dir, "server", "server.key_secret"))
-            create_keys(self.keys_dir, ["local"])  # the local workers' pair (kept when it exists)
             self._auth = ThreadAuthenticator(self._ctx)
             self._auth.start()
             self._auth.configure_curve(domain="*", location=os.path.join(self.keys_dir, "authorized"))
@@ -540,7 +544,7 @@ class Daemon:
                 continue
             try:
                 self._handle(identity, message)
-            except wire.WireError as e:  # a reply we cannot encode: the peer's fault (a bad id)
+            except wire.WireError as e:  # a reply that cannot be encoded: dropped as a bad message is
                 self._dropped(f"dropped a message: {e}")
             if len(self._buffer) >= self.config.daemon.flush_games:
                 self._flush()
@@ -830,8 +834,8 @@ class Daemon:
             self._ctx.term()
             self._ctx = None
         for child in self._children():  # a failed start leaves none running
-            if child.alive():
-                child.signal(signal.SIGKILL)
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.kill()
                 child.proc.wait()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
