@@ -153,7 +153,7 @@ def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_la
     assert "workers connect to tcp://127.0.0.1:5780, networks on tcp://127.0.0.1:5781" in text
     assert "workers     3 of 4 alive: 240 games/h, 800 positions/s; 35 games, 2 restarts, as of 0 s ago" in text
     assert "local-cpu-1  alive  box cpu, generation 2, 120 games/h, 400 positions/s, 15 games, 1 restart" in text
-    assert "remote-a     dead " in text
+    assert "remote-a     dead   box cpu" in text
     assert "published   generation 3 (networks/gen-00003.onnx, gated, 10 s ago)" in text
     assert ("gating      generation 4 vs 3: W/D/L 10/20/14, LLR -2.95 in [-2.94, 2.94]: rejected (sprt), "
             "Elo -32 ± 60, 5 s ago") in text
@@ -190,7 +190,7 @@ def test_status_skips_garbled_daemon_files(run, capsys):
     assert status["gating"]["accepted"] is False  # only a real true accepts
     json.dumps(status, allow_nan=False)  # --json stays valid JSON
     text = format_status(status)
-    assert "workers     0 of 1 alive" in text and "gating      generation 2 vs ?: W/D/L ?/?/?, LLR ?: rejected" in text
+    assert "workers     0 of 1 alive" in text and "    ?  silent ?, generation ?" in text and "gating      generation 2 vs ?: W/D/L ?/?/?, LLR ?: rejected" in text
     (run / "workers.json").write_text("[1, 2]")  # not an object
     assert run_status(run)["workers"] is None
 

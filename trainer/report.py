@@ -268,7 +268,8 @@ def _format_daemon(status: dict, now: float) -> list[str]:
         width = max(len(w["id"]) for w in workers["workers"]) if workers["workers"] else 0
         for w in workers["workers"]:
             where = f"{w['host'] or '?'}" + (f" {w['devices']}" if w["devices"] else "")
-            lines.append(f"    {w['id']:<{width}}  {'alive' if w['alive'] else 'dead '}  {where}, "
+            state = "alive" if w["alive"] else "dead" if w["last_seen"] is not None else "silent"  # never heard
+            lines.append(f"    {w['id']:<{width}}  {state:<6} {where}, "
                          f"generation {_opt(w['generation'])}, "
                          f"{_opt(None if w['games_per_hour'] is None else round(w['games_per_hour']))} games/h, "
                          f"{_opt(None if w['positions_per_s'] is None else round(w['positions_per_s']))} "
