@@ -100,7 +100,7 @@ def test_game_round_trip():
 def test_registered_carries_the_publish_endpoint_settings_and_openings():
     fens = ("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "8/8/8/4k3/8/8/4K3/7R w - - 0 1")
     sent = Registered("run-1", 2, "/runs/r/networks/gen-2.onnx", SHA, "tcp://*:5781",
-                      {"visits": 200, "resign": False, "noise_alpha": 0.3, "openings": "book.epd"}, fens)
+                      {"visits": 200, "resign": False, "noise_alpha": 0.3, "resign_q": -0.9, "openings": "book.epd"}, fens)
     frames = encode(sent)
     assert len(frames) == 2 and frames[1] == "\n".join(fens).encode()
     assert decode(frames) == sent
@@ -110,6 +110,7 @@ def test_registered_carries_the_publish_endpoint_settings_and_openings():
     ({"Visits": 1}, "lower-case name"),
     ({"visits": [1, 2]}, "boolean, number or string"),
     ({"visits": float("nan")}, "selfplay.visits"),
+    ({"resign_q": float("-inf")}, "selfplay.resign_q"),
     ({f"k{i}": 1 for i in range(65)}, "at most 64"),
 ])
 def test_registered_refuses_bad_settings(selfplay, error):

@@ -408,7 +408,10 @@ def _settings(value: Any) -> dict:
         if isinstance(item, str):
             item = _text(item, f"selfplay.{key}")
         elif isinstance(item, float):
-            item = _float(item, f"selfplay.{key}")
+            if not math.isfinite(item):  # signed: resign_q is below 0
+                raise WireError(f"'selfplay.{key}' must be a finite number, got {item}")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 2**63:
+            raise WireError(f"'selfplay.{key}' is out of range")
         elif not isinstance(item, (bool, int)):
             raise WireError(f"'selfplay.{key}' must be a boolean, number or string")
         out[key] = item
