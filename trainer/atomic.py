@@ -93,9 +93,10 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The JSON objects of an append-only log; a torn or garbled line (a writer mid-line) is skipped."""
+    """The JSON objects of an append-only log; a torn or garbled line (a writer mid-line, bytes
+    that are not UTF-8) is skipped."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
     except FileNotFoundError:
         return []
