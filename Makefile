@@ -4,9 +4,10 @@
 #   make test     same set-up, then the whole test suite, in parallel
 #                 (TESTS=tests/test_x.py picks files, ARGS='-k name -rs' adds pytest options)
 #   make bench    same set-up, then `cyzero bench perft`
-#   make train    same set-up, then a training run on this machine: `cyzero-train run $(RUN)
-#                 --config cpu` (the bundled CPU config; RUN=runs/x picks the run directory,
-#                 default runs/cpu; ARGS='--devices cuda:0' adds options; run it again to resume)
+#   make train    same set-up, then a training run on this machine: `cyzero-train run $(RUN)`,
+#                 started with the bundled CPU config (--config cpu) and resumed with the run's
+#                 own RUN/config.toml, so edits to it are kept (RUN=runs/x picks the run
+#                 directory, default runs/cpu; ARGS='--devices cuda:0' adds options)
 #
 # `make engine` is a UCI engine command: stdout carries nothing but UCI, so every
 # recipe is silent (@) and pip's and the compiler's output goes to stderr (>&2).
@@ -81,7 +82,7 @@ engine: $(BUILT)
 	@exec $(VENV)/bin/cyzero $(ARGS)
 
 train: $(BUILT)
-	@exec $(VENV)/bin/cyzero-train run $(RUN) --config cpu $(ARGS)
+	@exec $(VENV)/bin/cyzero-train run $(RUN) $(if $(wildcard $(RUN)/config.toml),,--config cpu) $(ARGS)
 
 # pytest-xdist: one worker per core. ARGS adds pytest options, TESTS picks files.
 test: $(BUILT)
