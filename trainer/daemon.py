@@ -688,8 +688,8 @@ class Daemon:
     def _publish(self, record: dict, *, gated: bool) -> None:
         line = {"generation": record["generation"], "onnx": record["onnx"], "sha256": record["sha256"],
                 "time": time.time(), "gated": gated}
+        self._announce(line)  # first: whoever reads the line finds the generation announced
         append_jsonl(os.path.join(self.run_dir, PUBLISHED_FILE), line)
-        self._announce(line)
         with self._lock:
             self._considered = max(self._considered, record["generation"])
         self.log(f"published generation {record['generation']} ({record['onnx']})")
