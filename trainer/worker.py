@@ -2,7 +2,7 @@
 
 ``cyzero-train worker --connect tcp://HOST:PORT [--keys DIR] [--devices ...]`` runs
 :func:`run_workers`: one :class:`Worker` per device (several devices: one
-subprocess each).  The protocol (docs/training.md, trainer/wire.py):
+subprocess each).  The protocol (trainer/wire.py has the messages):
 
 * a DEALER (a CurveZMQ client with ``--keys``) sends ``Register`` every 5 s until
   the daemon answers ``Registered`` with the run's ``[selfplay]`` settings, its
@@ -205,7 +205,10 @@ class _Link:
                     entry[1] = now  # resend everything once now
             for entry in self.unacked.values():
                 if now >= entry[1]:
-                    entry[1] = now + (RESEND_S if self._send(sock, entry[0]) else _RETRY_S)
+                    if not self._send(sock, entry[0]):
+                        entry[1] = now + _RETRY_S
+                        break  # no connection now: the others wait too
+                    entry[1] = now + RESEND_S
             if self.registered is not None and now >= next_heartbeat:
                 rate = self._rate(samples, now)
                 self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
