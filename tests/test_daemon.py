@@ -503,3 +503,16 @@ def test_gating_publishes_only_accepted_generations(run_dir, monkeypatch):
         == [(1, 0, False), (2, 0, True)]
     assert [(p["generation"], p["gated"]) for p in read_jsonl(os.path.join(run_dir, "published.jsonl"))] == \
         [(0, False), (2, True)]
+
+
+def test_config_names_a_bundled_config_or_a_file(run_dir, tmp_path):
+    from trainer.config import bundled_config, load_config, load_run_config
+    from trainer.daemon import _resolve_config
+
+    assert _resolve_config(run_dir, "cpu") == load_config(bundled_config("cpu"))
+    path = tmp_path / "mine.toml"
+    path.write_text(CONFIG)
+    assert _resolve_config(run_dir, str(path)) == config()
+    assert _resolve_config(run_dir, None) == load_run_config(run_dir)
+    with pytest.raises(ValueError, match="cannot read config"):
+        _resolve_config(run_dir, "no-such-config")

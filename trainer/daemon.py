@@ -381,19 +381,14 @@ class Daemon:
         return tuple(opening.board().fen() for opening in openings)
 
     def _initialize(self, initialize_run: Callable[..., dict]) -> None:
-        """RUN/config.toml from the config, checked against the run's checkpoint, and generation 0."""
-        text = to_toml(self.config)
+        """Generation 0, with the config checked against the run's checkpoint; RUN/config.toml is
+        left as the user wrote it when it holds this config, else rewritten to hold it."""
         run_file = os.path.join(self.run_dir, CONFIG_FILE)
-        try:
-            with open(run_file, encoding="utf-8") as f:
-                same = f.read() == text
-        except FileNotFoundError:
-            same = False
-        if same:
+        if os.path.exists(run_file) and load_config(run_file) == self.config:
             initialize_run(self.run_dir, log=self.log)
             return
         scratch = os.path.join(self.run_dir, f".daemon-config-{os.getpid()}.toml")
-        atomic_write_text(scratch, text)
+        atomic_write_text(scratch, to_toml(self.config))
         try:
             initialize_run(self.run_dir, config_path=scratch, log=self.log)
         finally:
