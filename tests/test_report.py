@@ -120,7 +120,8 @@ def daemon_run(run):
         "time": 1000.0, "generation": 3, "games": 30, "positions": 2700,
         "workers": [_worker("local-cpu-0", True), _worker("local-cpu-1", True, generation=2, games=15),
                     _worker("remote-a", False, games_per_hour=999.0, positions_per_s=999.0, restarts=0),
-                    "garbage", {"alive": True}]}))
+                    "garbage", {"alive": True}],
+        "learner": {"pid": 4321, "alive": True, "devices": "cpu:2", "restarts": 1, "started": 600.0}}))
     (run / "published.jsonl").write_text(
         '{"generation": 2, "onnx": "networks/gen-00002.onnx", "sha256": "ab", "time": 900.0, "gated": false}\n'
         '{"generation": 3, "onnx": "networks/gen-00003.onnx", "sha256": "cd", "time": 990.0, "gated": true}\n'
@@ -154,6 +155,7 @@ def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_la
     assert "workers     3 of 4 alive: 240 games/h, 800 positions/s; 35 games, 2 restarts, as of 0 s ago" in text
     assert "local-cpu-1  alive  box cpu, generation 2, 120 games/h, 400 positions/s, 15 games, 1 restart" in text
     assert "remote-a     dead   box cpu" in text
+    assert "learner     alive on cpu:2, pid 4321, 1 restart" in text
     assert "published   generation 3 (networks/gen-00003.onnx, gated, 10 s ago)" in text
     assert ("gating      generation 4 vs 3: W/D/L 10/20/14, LLR -2.95 in [-2.94, 2.94]: rejected (sprt), "
             "Elo -32 ± 60, 5 s ago") in text

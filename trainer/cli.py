@@ -17,6 +17,10 @@ import sys
 import warnings
 import zipfile
 
+#: Set for the daemon's children: ``cyzero-train`` then stops itself (as on SIGTERM) when the
+#: process that started it is gone.
+EXIT_WITH_PARENT_ENV = "CYZERO_EXIT_WITH_PARENT"
+
 TRAIN_EXTRA_HINT = (
     "install the training extra: pip install 'cyzero[train]'\n"
     "  (on a machine without an NVIDIA GPU, install the CPU-only torch first, it is far smaller:\n"
@@ -419,10 +423,33 @@ _COMMANDS = {
 }
 
 
+def _stop_with_parent() -> None:
+    """With CYZERO_EXIT_WITH_PARENT set (the daemon sets it for its children): when the parent
+    process is gone, SIGTERM this one (a clean stop: the learner's final checkpoint, the
+    worker's last resends), and end it outright a minute later if that did not."""
+    if os.environ.get(EXIT_WITH_PARENT_ENV) != "1":
+        return
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv=None) -> int:
     """Run ``cyzero-train``; returns the process exit code."""
     parser = _build_parser()
     args = parser.parse_args(argv)
+    _stop_with_parent()
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -39,6 +39,7 @@ import zmq
 
 from trainer import wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
+from trainer.cli import EXIT_WITH_PARENT_ENV
 from trainer.config import TrainConfig, load_config, load_run_config, to_toml, CONFIG_FILE
 
 __all__ = ["Daemon", "run_daemon", "parse_devices", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
@@ -155,6 +156,7 @@ class _Limited:
 # --------------------------------------------------------------------------- children
 
 
+
 class _Child:
     """A supervised process (a local worker or the learner): started, watched, restarted with backoff."""
 
@@ -175,7 +177,8 @@ class _Child:
     def spawn(self) -> None:
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "ab") as out:  # the child holds its own descriptor
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            # EXIT_WITH_PARENT_ENV: a SIGKILLed daemon leaves no worker or learner behind
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{EXIT_WITH_PARENT_ENV: "1"})
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)  # the daemon orders its stop
         if self.spawned:
@@ -762,6 +765,11 @@ class Daemon:
             })
         report = {"time": now, "generation": self._current_generation(), "games": self._games_total,
                   "positions": self._positions_total, "workers": rows}
+        learner = self._learner
+        if learner is not None:
+            report["learner"] = {"pid": learner.proc.pid if learner.alive() else None, "alive": learner.alive(),
+                                 "devices": self.learner_devices, "restarts": learner.restarts,
+                                 "started": learner.started_wall or None}
         try:
             atomic_write_text(os.path.join(self.run_dir, WORKERS_FILE), json.dumps(report, indent=1) + "\n")
         except OSError as e:

@@ -158,7 +158,12 @@ def _daemon_status(run_dir: str) -> dict:
         rows = workers.get("workers")
         rows = [_worker(r) for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
         alive = [w for w in rows if w["alive"]]
+        learner = workers.get("learner")
+        learner = ({"pid": _num(learner.get("pid")), "alive": learner.get("alive") is True,
+                    "devices": _text(learner.get("devices")), "restarts": _num(learner.get("restarts")),
+                    "started": _num(learner.get("started"))} if isinstance(learner, dict) else None)
         workers = {
+            "learner": learner,
             "time": _num(workers.get("time")), "generation": _num(workers.get("generation")),
             "games": _num(workers.get("games")), "positions": _num(workers.get("positions")),
             "workers": rows,
@@ -274,6 +279,11 @@ def _format_daemon(status: dict, now: float) -> list[str]:
                          f"{_opt(None if w['games_per_hour'] is None else round(w['games_per_hour']))} games/h, "
                          f"{_opt(None if w['positions_per_s'] is None else round(w['positions_per_s']))} "
                          f"positions/s, {_plural(w['games'], 'game')}, {_plural(w['restarts'], 'restart')}")
+    learner = workers.get("learner") if workers else None
+    if learner:
+        lines.append(f"  learner     {'alive' if learner['alive'] else 'not running'} on {learner['devices'] or '?'}"
+                     + (f", pid {learner['pid']}" if learner["pid"] is not None else "")
+                     + f", {_plural(learner['restarts'] or 0, 'restart')}")
     published = status.get("published")
     if published:
         when = published.get("time")
