@@ -1,5 +1,6 @@
 """The replay store: durable group commits, the manifest log, the window, the cursor, the loader, lc0 imports."""
 
+import collections
 import errno
 import gzip
 import io
@@ -486,3 +487,23 @@ def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
     assert ReplayStore(tmp_path).game_ids() == {"a1", "b2"}
     with pytest.raises(ValueError, match="one string per game"):
         store.append_games([_game([5])], generation=2, source="selfplay", game_ids=["x", "y"])
+
+
+def test_the_learner_samples_only_games_of_the_generations_inside_its_window(tmp_path):
+    """Self-play chunks carry the generation that played them: as the run grows, the window
+    slides past the oldest generations' games and the sampler never draws them again."""
+    store = ReplayStore(tmp_path)
+    for generation in range(10):   # 100 positions a generation, in the order they were played
+        store.append_games([_game(np.arange(100 * generation, 100 * (generation + 1)))],
+                           generation=generation, source="selfplay", game_ids=[f"g{generation}"])
+    window = WindowConfig(floor=250, alpha=0.5, beta=0.5, **NO_VAL)
+    sampler = ReplaySampler(store, window, batch_size=64, seed=3)
+    generation_of = {e.name: e.generation for e in store.entries()}
+    drawn = collections.Counter()
+    for k in range(100):
+        for name, offsets in sampler.plan(k):
+            drawn[generation_of[name]] += len(offsets)
+    oldest_inside = (1000 - sampler.window_positions) // 100
+    assert sampler.window_positions < 1000 and oldest_inside >= 1
+    assert min(drawn) == oldest_inside and max(drawn) == 9
+    assert all(drawn[g] > 0 for g in range(oldest_inside + 1, 10))

@@ -238,3 +238,23 @@ def test_bad_settings_are_refused(changes, message):
 def test_bad_game_count_is_refused(network):
     with pytest.raises(ValueError, match="games"):
         SelfPlay(network, tiny(), games=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend, provider", [("cuda", "CUDAExecutionProvider"),
+                                               ("tensorrt", "TensorrtExecutionProvider")])
+def test_selfplay_on_the_gpu_plays_the_same_kind_of_games(backend, provider):
+    """Self-play through ONNX Runtime's CUDA (and TensorRT, where its libraries are there)
+    provider, with many games batched as a GPU worker plays them."""
+    gpu = Network(default_weights_path(), backend=backend)
+    if gpu.provider != provider:
+        pytest.skip(f"{backend}: ONNX Runtime fell back to {gpu.provider} here")
+    selfplay = SelfPlay(gpu, tiny(max_plies=30), games=64)
+    try:
+        games = play(selfplay, 8)
+    finally:
+        selfplay.close()
+    for game in games:
+        _, boards = replay(game)
+        assert len(game.records) >= 1 and game.result in ("1-0", "0-1", "1/2-1/2")
+        assert len(boards) == game.plies + 1
