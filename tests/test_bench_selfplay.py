@@ -56,3 +56,14 @@ def test_bad_arguments_are_one_clear_error(tmp_path):
         bench_selfplay(print_report=False, seconds=1.0, workers=(0,))
     with pytest.raises(ValueError, match="seconds"):
         bench_selfplay(print_report=False, seconds=0.0)
+
+
+def test_a_config_plays_its_own_selfplay_settings_with_a_fresh_network_of_its_size(tmp_path):
+    config = tmp_path / "small.toml"
+    config.write_text('[model]\nnet = "1x8"\n[selfplay]\nvisits = 6\nfast_visits = 2\nmax_plies = 40\n'
+                      'games_per_worker = 3\n')
+    figures = bench_selfplay(print_report=False, seconds=1.0, workers=(1,), config=str(config), log=lambda line: None)
+    assert figures["config"] == str(config) and figures["network"].endswith("fresh-1x8.onnx")
+    assert (figures["visits"], figures["fast_visits"], figures["max_plies"], figures["games_per_worker"]) == (6, 2, 40, 3)
+    run = figures["runs"]["1"]
+    assert run["selfplay_evals_per_s"] > 0 and run["games_per_hour"] == pytest.approx(run["plies_per_s"] * 3600 / 40)

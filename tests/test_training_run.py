@@ -181,6 +181,8 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
         stop_daemon(daemon, log_path)
         ids = stored_game_ids(run)
         assert len(ids) == len(set(ids))
+        daemon_log = open(os.path.join(run, "logs", "daemon.log")).read()
+        assert daemon_log.count("serving run:") == 2 and "published generation 1 " in daemon_log
         assert sorted(published(run)) == published(run) and len(set(published(run))) == len(published(run))
     finally:
         if engine is not None:

@@ -288,14 +288,15 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     """
     from engine.network import Network
     from engine.tools.bench import _CountingNetwork, _nn_inputs
-    from trainer.selfplay import SelfPlay, SelfPlaySettings
+    from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config
 
     net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
     counted = _CountingNetwork(net)
     share = job["seconds"] / SELFPLAY_ROUNDS
     figures = {"positions": 0, "calls": 0, "plies": 0, "seconds": 0.0, "raw_positions": 0, "raw_seconds": 0.0,
                "finished_plies": []}
-    selfplay = SelfPlay(counted, SelfPlaySettings(), job["games"], pipeline=job["pipeline"])
+    settings = settings_from_config(job["selfplay"]) if job.get("selfplay") else SelfPlaySettings()
+    selfplay = SelfPlay(counted, settings, job["games"], pipeline=job["pipeline"])
     try:
         selfplay.step()  # warm-up: the trees and the first batches
         planes = np.zeros((0, 112, 8, 8), np.float32)
@@ -367,6 +368,7 @@ def format_selfplay_report(figures: dict) -> str:
     f = figures
     lines = [
         f"cyzero-train bench selfplay: {os.path.basename(f['network'])} on the CPU ({f['cores']} cores), "
+        + (f"config {f['config']}'s [selfplay], " if f.get("config") else "") +
         f"{f['games_per_worker']} games per worker, visits {f['visits']} (fast {f['fast_visits']}, "
         f"full-search share {f['full_search_prob']:g}), pipeline {'on' if f['pipeline'] else 'off'}, "
         f"{f['seconds']:g} s of self-play and {f['seconds']:g} s of raw inference per process, alternating",
@@ -387,9 +389,21 @@ def format_selfplay_report(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def _fresh_network(cfg: Any) -> str:
+    """A freshly initialised network of ``cfg``'s model, exported to a temporary ONNX file."""
+    from trainer.export import export_onnx
+    from trainer.learner import net_config
+    from trainer.model import build_net
+
+    path = os.path.join(tempfile.mkdtemp(prefix="cyzero-bench-"), f"fresh-{cfg.model.net}.onnx")
+    export_onnx(build_net(net_config(cfg), seed=cfg.train.seed), path, "fp32", check_positions=8)
+    return path
+
+
 def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network: str | None = None,
                    workers: Sequence[int] = (1, 2), games: int | None = None,
-                   pipeline: bool | None = None, log: Callable[[str], Any] | None = None) -> dict:
+                   pipeline: bool | None = None, config: str | None = None,
+                   log: Callable[[str], Any] | None = None) -> dict:
     """Network evaluations/s during self-play against raw batched inference, one after the other.
 
     For each count K in ``workers``: K processes at once, the CPU's cores split among them as
@@ -399,6 +413,10 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     after a warm-up step. Evaluations are counted by a wrapper around ``evaluate``.
     ``network``: an ONNX file (default the bundled one). ``pipeline``: two batches in flight
     (default as a worker does on the CPU: off, ``engine.search.default_pipeline``).
+    ``config``: a training config (a bundled name such as ``cpu``, or a file) whose ``[selfplay]``
+    settings and games per worker are played instead of the defaults, with a freshly
+    initialised network of its ``[model]`` size unless ``network`` is given: what ``cyzero-train
+    run`` with that config plays.
 
     Games/hour: plies/s x 3600 / ``max_plies`` (450 by default), a lower bound since no game is
     longer; games finished during the measurement also give a second figure from their mean
@@ -419,6 +437,15 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         raise ValueError(f"seconds must be above 0, got {seconds}")
     if not workers or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in workers):
         raise ValueError(f"workers must be whole numbers >= 1, got {workers!r}")
+    selfplay_keys = None
+    if config is not None:
+        from trainer.config import bundled_config, load_config
+
+        cfg = load_config(bundled_config(config) or config)
+        selfplay_keys = dataclasses.asdict(cfg.selfplay)
+        games = games or cfg.selfplay.games_per_worker or None
+        if network is None:
+            network = _fresh_network(cfg)
     games = 32 if games is None else games
     if isinstance(games, bool) or not isinstance(games, int) or games < 1:
         raise ValueError(f"games must be a whole number >= 1, got {games!r}")
@@ -427,17 +454,20 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         raise ValueError(f"no network at {path}")
     if pipeline is None:
         pipeline = False  # what a CPU worker does (trainer.worker; engine.search.default_pipeline)
-    settings = SelfPlaySettings()
+    from trainer.selfplay import settings_from_config
+
+    settings = settings_from_config(selfplay_keys) if selfplay_keys else SelfPlaySettings()
     cores = os.cpu_count() or 1
     figures: dict[str, Any] = {
         "network": path, "cores": cores, "games_per_worker": games, "visits": settings.visits,
         "fast_visits": settings.fast_visits, "full_search_prob": settings.full_search_prob,
         "max_plies": settings.max_plies, "pipeline": pipeline, "seconds": seconds, "target": SELFPLAY_TARGET,
-        "runs": {},
+        "config": config, "runs": {},
     }
     for k in workers:
         threads = max(1, cores // k)
-        job = {"network": path, "threads": threads, "seconds": seconds, "games": games, "pipeline": pipeline}
+        job = {"network": path, "threads": threads, "seconds": seconds, "games": games, "pipeline": pipeline,
+               "selfplay": selfplay_keys}
         results = _run_together([job] * k)
         positions = sum(r["positions"] for r in results)
         calls = sum(r["calls"] for r in results)

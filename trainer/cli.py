@@ -170,6 +170,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
     bench.add_argument("--seconds", type=float, default=None,
                        help="seconds of play per setting (bootstrap: 10; selfplay: 20)")
+    bench.add_argument("--config", metavar="TOML", default=None,
+                       help="(selfplay) play a training config's [selfplay] settings with a fresh network of its "
+                            "size (a bundled name such as cpu, or a file) instead of the defaults")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -373,7 +376,8 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.what == "selfplay":
         from trainer.bench import bench_selfplay
 
-        figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds)
+        figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds,
+                                 config=args.config)
         if args.json:
             print(json.dumps(figures, indent=2))
         return 0

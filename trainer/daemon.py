@@ -40,9 +40,9 @@ import zmq
 from trainer import wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.cli import EXIT_WITH_PARENT_ENV
-from trainer.config import TrainConfig, load_config, load_run_config, to_toml, CONFIG_FILE
+from trainer.config import CONFIG_FILE, TrainConfig, bundled_config, load_config, load_run_config, to_toml
 
-__all__ = ["Daemon", "run_daemon", "parse_devices", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
+__all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
            "PUBLISHED_FILE", "GATING_FILE"]
 
 Log = Callable[[str], Any]
@@ -57,7 +57,7 @@ LOG_DIR = "logs"
 
 WORKERS_EVERY_S = 5.0  # workers.json rewritten this often
 GENERATIONS_EVERY_S = 1.0  # generations.jsonl polled this often
-STOP_WAIT_S = 30.0  # children's time to stop cleanly (the learner's final checkpoint)
+STOP_WAIT_S = 90.0  # children's time to stop cleanly (the learner's final checkpoint and export)
 MAX_BACKOFF_S = 60.0
 QUICK_DEATH_S = 60.0  # a child dying sooner after its start doubles its next backoff
 ALIVE_S = 10.0  # a worker heard from within max(this, 5 heartbeats) counts as alive
@@ -70,21 +70,26 @@ def _stderr(line: str) -> None:
     print(f"cyzero-train run: {line}", file=sys.stderr, flush=True)
 
 
+class _DaemonLog:
+    """The daemon's lines on stderr and, with the time, in RUN/logs/daemon.log (beside its children's)."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, LOG_DIR, "daemon.log")
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        _stderr(line)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self._lock:
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(f"{stamp} {line}\n")
+            except OSError:
+                pass  # stderr has it
+
+
 # --------------------------------------------------------------------------- small helpers
-
-
-def parse_devices(spec: str) -> list[str]:
-    """``cpu`` -> ``["cpu"]``; ``cuda:0,1`` -> ``["cuda:0", "cuda:1"]`` (``cuda`` alone: cuda:0)."""
-    text = str(spec).strip().lower()
-    if text == "cpu":
-        return ["cpu"]
-    if text == "cuda":
-        return ["cuda:0"]
-    if text.startswith("cuda:"):
-        parts = [p.strip() for p in text[5:].split(",")]
-        if parts and all(p.isdigit() for p in parts) and len(set(parts)) == len(parts):
-            return [f"cuda:{int(p)}" for p in parts]
-    raise ValueError(f"devices must be cpu or cuda:0,1,..., got {spec!r}")
 
 
 def _host(endpoint: str) -> Optional[str]:
@@ -244,6 +249,8 @@ class Daemon:
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.config = config
         d = config.daemon
+        from trainer.worker import parse_devices  # the worker's own reading of --devices
+
         self.devices = parse_devices(devices if devices is not None else d.devices)
         self.workers_per_device = workers_per_device if workers_per_device is not None else d.workers_per_device
         if not isinstance(self.workers_per_device, int) or self.workers_per_device < 1:
@@ -852,12 +859,8 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
     """The config named (a path, or a bundled config's name), else RUN/config.toml, else the defaults."""
     if config is None:
         return load_run_config(run_dir)
-    from trainer import config as config_module
-
     name = os.fspath(config)
-    bundled = getattr(config_module, "bundled_config", None)
-    path = (bundled(name) if bundled is not None else None) or name
-    return load_config(path)
+    return load_config(bundled_config(name) or name)
 
 
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
@@ -866,8 +869,8 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
     """``cyzero-train run``: serve the run until SIGINT/SIGTERM (a second one kills the children at once).
 
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
-    log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
+    log = log or _DaemonLog(run_dir)
     stop = threading.Event()
     try:
         daemon = Daemon(run_dir, _resolve_config(run_dir, config), devices=devices,
