@@ -472,8 +472,8 @@ class Announcer:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(2.0)
-        if not self._thread.is_alive():
+        self._thread.join(10.0)  # it polls every 50 ms; a loaded machine may still be slow to run it
+        if not self._thread.is_alive():  # else its sockets stay open rather than be closed under it
             self._close_sockets()
 
     def __enter__(self) -> "Announcer":

@@ -56,6 +56,8 @@ def test_bad_arguments_are_one_clear_error(tmp_path):
         bench_selfplay(print_report=False, seconds=1.0, workers=(0,))
     with pytest.raises(ValueError, match="seconds"):
         bench_selfplay(print_report=False, seconds=0.0)
+    with pytest.raises(ValueError, match="device must be cpu or cuda:N"):
+        bench_selfplay(print_report=False, seconds=1.0, device="gpu")
 
 
 def test_a_config_plays_its_own_selfplay_settings_with_a_fresh_network_of_its_size(tmp_path):
@@ -67,3 +69,12 @@ def test_a_config_plays_its_own_selfplay_settings_with_a_fresh_network_of_its_si
     assert (figures["visits"], figures["fast_visits"], figures["max_plies"], figures["games_per_worker"]) == (6, 2, 40, 3)
     run = figures["runs"]["1"]
     assert run["selfplay_evals_per_s"] > 0 and run["games_per_hour"] == pytest.approx(run["plies_per_s"] * 3600 / 40)
+
+
+@pytest.mark.gpu
+def test_the_bench_on_a_gpu_keeps_two_batches_in_flight(tiny_net):
+    figures = bench_selfplay(print_report=False, seconds=2.0, network=tiny_net, workers=(1,), games=64,
+                             device="cuda:0", log=lambda line: None)
+    assert figures["device"] == "cuda:0" and figures["pipeline"] is True
+    run = figures["runs"]["1"]
+    assert run["selfplay_evals_per_s"] > 0 and 0 < run["ratio"] <= 1.5

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -290,7 +291,11 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     from engine.tools.bench import _CountingNetwork, _nn_inputs
     from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config
 
-    net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
+    device = job.get("device", "cpu")
+    if device == "cpu":
+        net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
+    else:  # cuda:N, the worker's choice of provider (TensorRT, else CUDA)
+        net = Network(job["network"], backend="auto", device_id=int(device.split(":")[1]))
     counted = _CountingNetwork(net)
     share = job["seconds"] / SELFPLAY_ROUNDS
     figures = {"positions": 0, "calls": 0, "plies": 0, "seconds": 0.0, "raw_positions": 0, "raw_seconds": 0.0,
@@ -367,7 +372,8 @@ def format_selfplay_report(figures: dict) -> str:
     """The self-play figures as a person reads them."""
     f = figures
     lines = [
-        f"cyzero-train bench selfplay: {os.path.basename(f['network'])} on the CPU ({f['cores']} cores), "
+        f"cyzero-train bench selfplay: {os.path.basename(f['network'])} on "
+        + (f"the CPU ({f['cores']} cores), " if f.get("device", "cpu") == "cpu" else f"{f['device']}, ")
         + (f"config {f['config']}'s [selfplay], " if f.get("config") else "") +
         f"{f['games_per_worker']} games per worker, visits {f['visits']} (fast {f['fast_visits']}, "
         f"full-search share {f['full_search_prob']:g}), pipeline {'on' if f['pipeline'] else 'off'}, "
@@ -402,7 +408,7 @@ def _fresh_network(cfg: Any) -> str:
 
 def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network: str | None = None,
                    workers: Sequence[int] = (1, 2), games: int | None = None,
-                   pipeline: bool | None = None, config: str | None = None,
+                   pipeline: bool | None = None, config: str | None = None, device: str = "cpu",
                    log: Callable[[str], Any] | None = None) -> dict:
     """Network evaluations/s during self-play against raw batched inference, one after the other.
 
@@ -413,6 +419,8 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     after a warm-up step. Evaluations are counted by a wrapper around ``evaluate``.
     ``network``: an ONNX file (default the bundled one). ``pipeline``: two batches in flight
     (default as a worker does on the CPU: off, ``engine.search.default_pipeline``).
+    ``device``: ``cpu``, or ``cuda:N`` (every worker process on that GPU, two batches in flight
+    by default, as a GPU worker plays).
     ``config``: a training config (a bundled name such as ``cpu``, or a file) whose ``[selfplay]``
     settings and games per worker are played instead of the defaults, with a freshly
     initialised network of its ``[model]`` size unless ``network`` is given: what ``cyzero-train
@@ -452,8 +460,10 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     path = os.path.abspath(network or default_weights_path())
     if not os.path.isfile(path):
         raise ValueError(f"no network at {path}")
-    if pipeline is None:
-        pipeline = False  # what a CPU worker does (trainer.worker; engine.search.default_pipeline)
+    if not re.fullmatch(r"cpu|cuda:\d+", device):
+        raise ValueError(f"device must be cpu or cuda:N, got {device!r}")
+    if pipeline is None:  # what a worker does (trainer.worker; engine.search.default_pipeline)
+        pipeline = device != "cpu"
     from trainer.selfplay import settings_from_config
 
     settings = settings_from_config(selfplay_keys) if selfplay_keys else SelfPlaySettings()
@@ -462,12 +472,12 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         "network": path, "cores": cores, "games_per_worker": games, "visits": settings.visits,
         "fast_visits": settings.fast_visits, "full_search_prob": settings.full_search_prob,
         "max_plies": settings.max_plies, "pipeline": pipeline, "seconds": seconds, "target": SELFPLAY_TARGET,
-        "config": config, "runs": {},
+        "config": config, "device": device, "runs": {},
     }
     for k in workers:
         threads = max(1, cores // k)
         job = {"network": path, "threads": threads, "seconds": seconds, "games": games, "pipeline": pipeline,
-               "selfplay": selfplay_keys}
+               "selfplay": selfplay_keys, "device": device}
         results = _run_together([job] * k)
         positions = sum(r["positions"] for r in results)
         calls = sum(r["calls"] for r in results)

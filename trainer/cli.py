@@ -17,9 +17,7 @@ import sys
 import warnings
 import zipfile
 
-#: Set for the daemon's children: ``cyzero-train`` then stops itself (as on SIGTERM) when the
-#: process that started it is gone.
-EXIT_WITH_PARENT_ENV = "CYZERO_EXIT_WITH_PARENT"
+from trainer import EXIT_WITH_PARENT_ENV
 
 TRAIN_EXTRA_HINT = (
     "install the training extra: pip install 'cyzero[train]'\n"
@@ -170,6 +168,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
     bench.add_argument("--seconds", type=float, default=None,
                        help="seconds of play per setting (bootstrap: 10; selfplay: 20)")
+    bench.add_argument("--device", default="cpu", help="(selfplay) cpu, or cuda:N")
     bench.add_argument("--config", metavar="TOML", default=None,
                        help="(selfplay) play a training config's [selfplay] settings with a fresh network of its "
                             "size (a bundled name such as cpu, or a file) instead of the defaults")
@@ -377,7 +376,7 @@ def bench_main(args: argparse.Namespace) -> int:
         from trainer.bench import bench_selfplay
 
         figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds,
-                                 config=args.config)
+                                 config=args.config, device=args.device)
         if args.json:
             print(json.dumps(figures, indent=2))
         return 0

@@ -37,9 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
-from trainer import wire
+from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
-from trainer.cli import EXIT_WITH_PARENT_ENV
 from trainer.config import CONFIG_FILE, TrainConfig, bundled_config, load_config, load_run_config, to_toml
 
 __all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
