@@ -201,14 +201,11 @@ class DaemonConfig:
     learner_devices: str = _f("cpu:1", "the learner's devices: cpu:N or cuda:0,1,... (--learner-devices)")
     worker_threads: int = _f(0, "ONNX Runtime threads per CPU worker (0: the cores shared among the "
                              "CPU workers)", min=0)
-    heartbeat_s: float = _f(2.0, "seconds between a worker's heartbeats", above=0.0)
     heartbeat_timeout_s: float = _f(120.0, "a local worker silent this long is killed and restarted",
                                     above=0.0)
     flush_s: float = _f(1.0, "longest wait before received games are written to the store and acknowledged",
                         above=0.0)
     flush_games: int = _f(64, "games written as one store chunk at most", min=1)
-    resend_s: float = _f(10.0, "a worker resends a game not acknowledged within this many seconds",
-                         above=0.0)
     restart_backoff_s: float = _f(2.0, "first wait before restarting a dead worker or learner; doubled "
                                   "after each quick death, up to 60 s", above=0.0)
 

@@ -59,7 +59,7 @@ GENERATIONS_EVERY_S = 1.0  # generations.jsonl polled this often
 STOP_WAIT_S = 90.0  # children's time to stop cleanly (the learner's final checkpoint and export)
 MAX_BACKOFF_S = 60.0
 QUICK_DEATH_S = 60.0  # a child dying sooner after its start doubles its next backoff
-ALIVE_S = 10.0  # a worker heard from within max(this, 5 heartbeats) counts as alive
+ALIVE_S = 10.0  # a worker heard from within this (5 of trainer.worker's heartbeats) counts as alive
 RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
 MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
@@ -756,7 +756,7 @@ class Daemon:
 
     def _write_workers(self) -> None:
         now, mono = time.time(), time.monotonic()
-        alive_s = max(ALIVE_S, 5 * self.config.daemon.heartbeat_s)
+        alive_s = ALIVE_S
         rows = []
         for w in self._workers.values():
             running = w.child.alive() if w.child is not None else True
