@@ -203,8 +203,8 @@ class DaemonConfig:
                              "CPU workers)", min=0)
     heartbeat_timeout_s: float = _f(120.0, "a local worker silent this long is killed and restarted",
                                     above=0.0)
-    flush_s: float = _f(1.0, "longest wait before received games are written to the store and acknowledged",
-                        above=0.0)
+    flush_s: float = _f(5.0, "longest wait before received games are written to the store (one chunk per "
+                        "generation) and acknowledged: longer means fewer, larger chunks", above=0.0)
     flush_games: int = _f(64, "games written as one store chunk at most", min=1)
     restart_backoff_s: float = _f(2.0, "first wait before restarting a dead worker or learner; doubled "
                                   "after each quick death, up to 60 s", above=0.0)
