@@ -3,7 +3,7 @@
 ``run`` (the daemon: self-play workers, the learner, publishing), ``worker`` (self-play
 into a daemon from any machine), ``learn`` (the DDP learner), ``bootstrap`` (supervised
 data from a teacher engine, PGN or lc0 chunks), ``status`` and ``plot`` (what a run is
-doing), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+doing), ``evaluate`` (generations against generation 0 and a random mover), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
 modules are imported after the arguments are parsed, so that ``--help`` is quick and
 an engine-only install (no torch) gets a message saying what to install. The run
 directory's layout is in ``docs/training.md``.
@@ -121,6 +121,18 @@ def _build_parser() -> argparse.ArgumentParser:
                           description="Write PNG charts of RUN/metrics.jsonl to RUN/plots (or --out).")
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
+
+    ev = sub.add_parser(
+        "evaluate", help="the run's generations against generation 0 and a random mover (Elo per generation)",
+        description=("Play every K-th generation of RUN (and the newest) against generation 0 and against a "
+                     "random mover at a fixed node count, from the bundled openings with both colours; append "
+                     "one line per generation and opponent to RUN/evaluation.jsonl (what `plot` draws as "
+                     "elo.png). Resumable: what the file already holds is skipped."))
+    ev.add_argument("run_dir", metavar="RUN_DIR")
+    ev.add_argument("--every", type=int, default=1, metavar="K", help="every K-th generation, and the newest (default 1)")
+    ev.add_argument("--nodes", type=int, default=64, metavar="N", help="nodes per move (default 64)")
+    ev.add_argument("--games", type=int, default=20, metavar="G", help="games against each opponent (default 20)")
+    ev.add_argument("--concurrency", type=int, default=1, metavar="C", help="games at once (default 1)")
 
     keys = sub.add_parser(
         "keys", help="CurveZMQ key pairs for the daemon and the remote workers or engines it admits",
@@ -356,6 +368,24 @@ def plot_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def evaluate_main(args: argparse.Namespace) -> int:
+    from engine.tools.match import MatchError
+    from trainer.evaluate import evaluate_run
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        lines = evaluate_run(args.run_dir, every=args.every, nodes=args.nodes, games=args.games,
+                             concurrency=args.concurrency, log=progress)
+    except MatchError as exc:
+        print(f"cyzero-train evaluate: error: {_one_line(exc, 500)}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(json.dumps(line))
+    return 0
+
+
 def bench_main(args: argparse.Namespace) -> int:
     if args.what == "bootstrap":
         import shlex
@@ -421,6 +451,7 @@ _COMMANDS = {
     "export": export_main,
     "status": lambda args, parser: status_main(args),
     "plot": lambda args, parser: plot_main(args),
+    "evaluate": lambda args, parser: evaluate_main(args),
     "bench": lambda args, parser: bench_main(args),
     "keys": lambda args, parser: keys_main(args),
 }

@@ -2,7 +2,8 @@
 
 Both only read what the learner, the replay store and the daemon wrote
 (``metrics.jsonl``, ``generations.jsonl``, the replay manifest, the checkpoint
-folder; ``daemon.json``, ``workers.json``, ``published.jsonl``, ``gating.jsonl``),
+folder; ``daemon.json``, ``workers.json``, ``published.jsonl``, ``gating.jsonl``;
+``evaluation.jsonl`` from ``cyzero-train evaluate``),
 so they work while a run is going and never disturb it. Every one of them is
 optional (a learner-only run has no daemon files), and another process may be
 writing them: a torn or garbled line or file is skipped, never an error. The run
@@ -21,6 +22,7 @@ from typing import Any
 from trainer.atomic import atomic_open, read_jsonl
 from trainer.config import load_run_config
 from trainer.daemon import DAEMON_FILE, GATING_FILE, PUBLISHED_FILE, WORKERS_FILE
+from trainer.evaluate import read_evaluations
 from trainer.learner import GENERATIONS_FILE, METRICS_FILE, list_checkpoints
 from trainer.replay import ReplayStore, is_validation, window_size
 
@@ -80,7 +82,18 @@ def run_status(run_dir: str | os.PathLike) -> dict:
         "previous_generation": generations[-2] if len(generations) > 1 else None,
         "metrics": metrics[-1] if metrics else None,
         **_daemon_status(run_dir),
+        "evaluation": _newest_evaluation(run_dir),
     }
+
+
+def _newest_evaluation(run_dir: str) -> list[dict] | None:
+    """The last evaluation line of each opponent for the newest generation evaluated (None: none yet)."""
+    rows = read_evaluations(run_dir)
+    if not rows:
+        return None
+    newest = max(r["generation"] for r in rows)
+    last = {r["opponent"]: r for r in rows if r["generation"] == newest}
+    return [last[k] for k in sorted(last)]
 
 
 def _log(path: str) -> list[dict]:
@@ -238,6 +251,16 @@ def format_status(status: dict, now: float | None = None) -> str:
         items = _numeric_items(metrics, ("step", "time"))
         lines.append(f"  last log    step {_number(step)}: " + ", ".join(f"{k} {_number(v)}" for k, v in items))
     lines += _format_daemon(status, now)
+    evaluation = status.get("evaluation")
+    if evaluation:
+        parts = []
+        for r in evaluation:
+            elo = ({1.0: "all won", 0.0: "all lost"}.get(r["score"], "Elo ?") if r["elo"] is None
+                   else f"Elo {r['elo']:+.0f}" + (f" ± {r['elo_error']:.0f}" if r["elo_error"] is not None else ""))
+            parts.append(f"vs {r['opponent']} {elo} (W/D/L {r['wins']}/{r['draws']}/{r['losses']})")
+        when = max((r["time"] for r in evaluation if r["time"] is not None), default=None)
+        lines.append(f"  evaluation  generation {evaluation[0]['generation']} at {evaluation[0]['nodes']:,} nodes: "
+                     + ", ".join(parts) + (f", {_ago(now - when)}" if when is not None else ""))
     return "\n".join(lines)
 
 
@@ -316,7 +339,8 @@ _CHART_GROUPS = (
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[str]:
     """PNG charts of ``metrics.jsonl`` over training steps (losses, learning rate, validation,
-    throughput) and of ``gating.jsonl`` (``gating.png``: Elo against the best per generation);
+    throughput), of ``gating.jsonl`` (``gating.png``: Elo against the best per generation) and of
+    ``evaluation.jsonl`` (``elo.png``: Elo against generation 0 and a random mover per generation);
     returns the files written (atomically) to ``out_dir`` (default RUN/plots)."""
     import matplotlib
 
@@ -328,7 +352,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     rows = [r for r in _log(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("step"), (int, float))]
     gates = [g for g in (_gate(r) for r in _log(os.path.join(run_dir, GATING_FILE)))
              if g["generation"] is not None and g["elo"] is not None]
-    if not rows and not gates:
+    evaluations = read_evaluations(run_dir)
+    if not rows and not gates and not evaluations:
         raise ValueError(f"{os.path.join(run_dir, METRICS_FILE)} has no metrics yet: nothing to plot")
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
@@ -379,7 +404,47 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         ax.legend(fontsize=8)
         fig.tight_layout()
         save(fig, "gating")
+    if evaluations:
+        save(_elo_chart(plt, evaluations, title), "elo")
     return written
+
+
+def _elo_chart(plt, evaluations: list[dict], title: str):
+    """Elo per generation against each opponent with its 95% error bar. A score of 0 or 1 has no
+    finite Elo: it is drawn as a triangle at the bound half a game less (more) would give. Each
+    node count is its own series (the newest line of a generation and opponent counts)."""
+    from engine.tools.match import elo_from_score
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    latest = {(r["generation"], r["opponent"], r["nodes"]): r for r in evaluations if r["games"] > 0}
+    colours = {"gen0": "tab:blue", "random": "tab:orange"}
+    for opponent in ("gen0", "random"):
+        for nodes in sorted({n for _, o, n in latest if o == opponent}):
+            chosen = sorted((r for (g, o, n), r in latest.items() if o == opponent and n == nodes),
+                            key=lambda r: r["generation"])
+            label = f"vs {'generation 0' if opponent == 'gen0' else 'random mover'}, {nodes:,} nodes"
+            finite = [r for r in chosen if r["elo"] is not None]
+            if finite:
+                ax.errorbar([r["generation"] for r in finite], [r["elo"] for r in finite],
+                            yerr=[r["elo_error"] or 0.0 for r in finite], fmt="o-", capsize=3,
+                            color=colours[opponent], label=label)
+            labelled = bool(finite)  # one legend entry per series
+            for r in chosen:
+                if r["elo"] is None:
+                    points = r["wins"] + 0.5 * r["draws"]
+                    up = points * 2 >= r["games"]
+                    bound = elo_from_score((points + (-0.5 if up else 0.5)) / r["games"])
+                    ax.plot([r["generation"]], [bound], marker="^" if up else "v", color=colours[opponent],
+                            linestyle="none", label=None if labelled else label)
+                    labelled = True
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("Elo (± 95%; triangle: all won or lost, a bound)")
+    ax.set_title(f"{title}: Elo against generation 0 and a random mover")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 __all__ = ["run_status", "format_status", "plot_run"]
