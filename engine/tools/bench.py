@@ -50,6 +50,11 @@ Registered so far:
     ``go movetime N`` (time to ``bestmove`` minus N), with p50/p99/max and
     the targets (p99: stop < 5 ms, isready < 5 ms, uciok < 500 ms,
     overshoot < 20 ms) met or missed.
+
+``mates``
+    not a speed: the share of forced mates in 1, 2 and 3 (``engine/tools/mates.epd``,
+    generated with Stockfish) where the engine's best move at each node budget
+    mates as fast as possible, and the mean time per search (``engine.tools.mates``).
 """
 
 from __future__ import annotations
@@ -1414,3 +1419,27 @@ def bench_search(args: argparse.Namespace) -> int:
           f"{short['ratio']:.0%} (target >= 50%); all {short['nodes']}")
     print(f"{summary['wall_seconds']:.1f} s")
     return 0
+
+
+# --------------------------------------------------------------------------- mates
+
+
+def _add_mates_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.tools.mates import add_arguments
+
+    add_arguments(parser)
+
+
+@register(
+    "mates",
+    "share of forced mates in 1, 2 and 3 the engine finds at each node budget (engine/tools/mates.epd)",
+    _add_mates_arguments,
+)
+def bench_mates(args: argparse.Namespace) -> int:
+    """See :mod:`engine.tools.mates`."""
+    from engine.tools.mates import MatesError, run_bench
+
+    try:
+        return run_bench(args)
+    except MatesError as e:
+        raise BenchError(str(e)) from None
