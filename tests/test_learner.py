@@ -410,18 +410,26 @@ def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("devices", ["cpu:1", "cpu:2"])
-def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path, devices):
+@pytest.mark.parametrize("devices, workers, whole_group", [("cpu:1", 0, False), ("cpu:2", 0, False),
+                                                           ("cpu:1", 1, True)])
+def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path, devices, workers, whole_group):
     """The daemon stops its learner with SIGTERM: every rank stops after the same step, and the
-    final checkpoint holds that step (nothing trained is lost)."""
-    run = make_run(tmp_path / "run", TINY.replace("checkpoint_every = 4", "checkpoint_every = 1000"))
+    final checkpoint holds that step (nothing trained is lost). A Ctrl-C in a terminal signals the
+    whole process group, loader workers included: they leave the stop to the learner."""
+    config = TINY.replace("checkpoint_every = 4", "checkpoint_every = 1000").replace("workers = 0",
+                                                                                   f"workers = {workers}")
+    run = make_run(tmp_path / "run", config)
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "learn", run, "--devices", devices, "--follow", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(os.path.dirname(__file__)),
+        start_new_session=whole_group)
     try:
         metrics = os.path.join(run, "metrics.jsonl")
         _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, "the first metrics line")
-        process.send_signal(signal.SIGTERM)
+        if whole_group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=90)
     finally:
         if process.poll() is None:

@@ -46,6 +46,7 @@ import logging
 import math
 import multiprocessing
 import os
+import signal
 import re
 import secrets
 import tarfile
@@ -758,6 +759,15 @@ class _BatchReader(Dataset):
         return batch, _to_batch(records), found
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers leave SIGINT and SIGTERM to the learner, which stops after its step and
+    then shuts them down: a Ctrl-C reaches the terminal's whole process group, and a worker
+    ended by it would end the learner with an error instead of a final checkpoint. (A worker
+    whose learner is gone still exits: the DataLoader watches its parent.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _identity(item):
     return item
 
@@ -809,7 +819,7 @@ class ReplayLoader:
         self._iter = iter(DataLoader(
             reader, batch_size=None, sampler=numbers, num_workers=self.workers, collate_fn=_identity,
             prefetch_factor=max(1, -(-self.prefetch // self.workers)), pin_memory=self.pin_memory,
-            multiprocessing_context=context,
+            multiprocessing_context=context, worker_init_fn=_ignore_stop_signals,
         ))
 
     def __iter__(self) -> "ReplayLoader":
