@@ -396,13 +396,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
             if chosen:
                 ax.errorbar([g["generation"] for g in chosen], [g["elo"] for g in chosen],
                             yerr=[g["elo_error"] or 0.0 for g in chosen], capsize=3, linestyle="none", **style)
-        ax.axhline(0.0, color="grey", linewidth=0.8)
-        ax.set_xlabel("generation")
-        ax.set_ylabel("Elo against the best (± error)")
-        ax.set_title(f"{title}: gating")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+        _elo_axes(fig, ax, "Elo against the best (± error)", f"{title}: gating")
         save(fig, "gating")
     if evaluations:
         save(_elo_chart(plt, evaluations, title), "elo")
@@ -437,14 +431,20 @@ def _elo_chart(plt, evaluations: list[dict], title: str):
                     ax.plot([r["generation"]], [bound], marker="^" if up else "v", color=colours[opponent],
                             linestyle="none", label=None if labelled else label)
                     labelled = True
+    _elo_axes(fig, ax, "Elo (± 95%; triangle: all won or lost, a bound)",
+              f"{title}: Elo against generation 0 and a random mover")
+    return fig
+
+
+def _elo_axes(fig, ax, ylabel: str, title: str) -> None:
+    """The finish both Elo-per-generation charts share: the zero line, labels, grid, legend."""
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("generation")
-    ax.set_ylabel("Elo (± 95%; triangle: all won or lost, a bound)")
-    ax.set_title(f"{title}: Elo against generation 0 and a random mover")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return fig
 
 
 __all__ = ["run_status", "format_status", "plot_run"]
