@@ -366,6 +366,26 @@ def test_prune_drops_the_oldest_chunks_outside_the_kept_positions(tmp_path):
         store.prune(-1)
 
 
+def test_pruning_to_the_window_keeps_every_training_chunk_inside_it(tmp_path):
+    """The window counts training positions only, so held-out chunks among the newest must not
+    count toward what prune keeps: counting them would cut the window's oldest chunk."""
+    store = ReplayStore(tmp_path)
+    window = WindowConfig(floor=300, val_percent=50.0)
+    for _ in range(200):   # chunk names are random: add until a held-out chunk lies inside the window
+        _fill(store, [100])
+        sampler = ReplaySampler(store, window, batch_size=16)
+        first = [e.name for e in store.entries()].index(sampler._plan.names[0])
+        held_inside = [e for e in store.entries()[first:] if is_validation(e.name, 50.0)]
+        if sampler.training_positions > 600 and held_inside:
+            break
+    else:
+        raise AssertionError("no held-out chunk ever fell inside the window")
+    planned = list(sampler._plan.names)
+    removed = store.prune(sampler.window_positions, val_percent=50.0)
+    assert removed and not set(removed) & set(planned)
+    assert [e.name for e in store.entries() if not is_validation(e.name, 50.0)] == planned
+
+
 def test_prune_clears_what_killed_processes_left_after_an_hour(tmp_path):
     store = ReplayStore(tmp_path)
     kept = _fill(store, [10])[0]

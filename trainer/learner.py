@@ -650,10 +650,11 @@ class _Learner:
         the window just snapshotted) and old generations' networks."""
         keep = self.cfg.replay.keep_positions
         if keep:
-            removed = self.store.prune(max(keep, self.sampler.window_positions))
+            removed = self.store.prune(max(keep, self.sampler.window_positions),
+                                       val_percent=self.cfg.replay.val_percent)
             if removed:
                 self.log(f"learner: retention: pruned {len(removed)} chunks outside the newest "
-                         f"{max(keep, self.sampler.window_positions):,} positions")
+                         f"{max(keep, self.sampler.window_positions):,} training positions")
         keep = self.cfg.replay.keep_networks
         if keep:
             folder = os.path.join(self.run_dir, NETWORK_DIR)

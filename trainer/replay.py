@@ -307,8 +307,12 @@ class ReplayStore:
         """The decompressed copy of chunk ``name`` and its unreadable-chunk marker."""
         return _cache_paths(self.cache_dir, name)
 
-    def prune(self, keep_positions: int) -> list[str]:
+    def prune(self, keep_positions: int, val_percent: float = 0.0) -> list[str]:
         """Delete the oldest chunks lying wholly outside the newest ``keep_positions``; returns their names.
+
+        With ``val_percent``, the positions of held-out chunks (``is_validation``) do not count:
+        ``keep_positions`` is then in training positions, the unit of the sampler's window, so
+        pruning to the window never cuts a training chunk inside it.
 
         The removal is a ``prune`` line in the manifest (written before any file
         goes), then the chunk files and their cache files are deleted, along
@@ -329,7 +333,8 @@ class ReplayStore:
             if newer >= keep_positions:
                 cut = i + 1
                 break
-            newer += entries[i].positions
+            if not (val_percent and is_validation(entries[i].name, val_percent)):
+                newer += entries[i].positions
         names = [e.name for e in entries[:cut]]
         if names:
             self._append({"op": "prune", "names": names, "time": time.time()})
