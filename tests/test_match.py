@@ -65,6 +65,35 @@ def test_trinomial_interval_by_hand():
     assert m.score_stats(0, 0, 0).score is None
 
 
+def _pair_games(*pair_scores):
+    """GameRecords for engine 1 scoring ``pair_scores`` pairs, listed in reverse order
+    (concurrent games finish out of order); a lone score is a pair left incomplete."""
+    games = []
+    for k, scores in enumerate(pair_scores):
+        for j, score in enumerate(scores):
+            white = j == 0
+            result = "1/2-1/2" if score == 0.5 else ("1-0" if (score == 1.0) == white else "0-1")
+            games.append(m.GameRecord(index=2 * k + j, opening=None, engine1_white=white, white="a",
+                                      black="b", result=result, termination="normal", reason=""))
+    return games[::-1]
+
+
+def test_pentanomial_interval_by_hand():
+    # Pairs scoring 2, 3/2, 1, 1 (the last 1 as a win and a loss): per-game means 1, .75, .5, .5,
+    # mu = 2.75 / 4 = 0.6875; var = (0.3125^2 + 0.0625^2 + 2 * 0.1875^2) / 4 = 0.04296875,
+    # se = sqrt(var / 4) = 0.103645; mu -+ 1.96 se = 0.484357, 0.890643
+    # -> Elo +136.97 in [-10.87, +364.34].  The fifth pair has one game and is left out.
+    games = _pair_games((1.0, 1.0), (1.0, 0.5), (0.5, 0.5), (1.0, 0.0), (0.0,))
+    ps = m.pair_stats(games)
+    assert ps.counts == (0, 0, 2, 1, 1) and ps.pairs == 4
+    assert ps.score == pytest.approx(0.6875) and ps.stderr == pytest.approx(0.103645, abs=1e-6)
+    assert ps.elo == pytest.approx(136.97, abs=0.01)
+    assert ps.elo_low == pytest.approx(-10.87, abs=0.01)
+    assert ps.elo_high == pytest.approx(364.34, abs=0.01)
+    assert m.pair_stats([]).pairs == 0 and m.pair_stats([]).elo is None
+    assert m.pair_stats(_pair_games((1.0, 1.0))).elo == math.inf
+
+
 def test_los_by_hand_and_symmetric():
     assert m.likelihood_of_superiority(0, 0) == 0.5
     assert m.likelihood_of_superiority(5, 5) == 0.5
@@ -360,6 +389,7 @@ def test_cli_json_is_the_only_thing_on_stdout(fake, tmp_path, capsys):
     assert data["engine2"]["illegal_moves"] == 2 and data["engine1"]["illegal_moves"] == 0
     assert data["elo"] is None and data["elo_infinite"] == "+inf"
     assert data["los"] == pytest.approx(0.9214, abs=1e-4)
+    assert data["pairs"] == 1 and data["pentanomial"] == [0, 0, 0, 0, 1]   # one opening, both games won
     assert data["seed"] == 3 and data["time_control"] == "2+0.01"
     for key in ["score", "score_pct", "elo_ci95", "total_seconds", "terminations", "engine1_white"]:
         assert key in data
