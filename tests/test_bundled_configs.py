@@ -1,17 +1,18 @@
 """The configs that ship with the package (trainer/configs/*.toml): `cyzero-train run RUN --config cpu`."""
 
 import ast
+import dataclasses
 import glob
 import os
 
 import pytest
 
-from trainer.config import bundled_config, default_config, load_config
+from trainer.config import bundled_config, default_config, load_config, load_named_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["cpu", "gpu", "teacher-6x64", "teacher-6x64-anneal"])
 def test_each_bundled_config_loads_and_is_found_by_name(name):
     path = bundled_config(name)
     assert path == os.path.join(ROOT, "trainer", "configs", f"{name}.toml")
@@ -27,6 +28,13 @@ def test_the_cpu_config_plays_and_learns_on_the_cpu_and_the_gpu_config_on_cuda()
     assert blocks_filters[0] < blocks_filters[1]  # a smaller net where evaluations are scarce
     assert cpu.selfplay.visits < gpu.selfplay.visits and cpu.train.batch_size < gpu.train.batch_size
     assert cpu.replay.floor < default_config().replay.floor  # the window follows the newest games sooner
+
+
+def test_the_annealing_stage_changes_only_the_learning_rate_so_it_resumes_the_supervised_run():
+    teacher, anneal = load_named_config("teacher-6x64"), load_named_config("teacher-6x64-anneal")
+    assert anneal.optimizer.lr < teacher.optimizer.lr
+    assert dataclasses.replace(anneal, optimizer=teacher.optimizer) == teacher
+    assert load_named_config(bundled_config("cpu")) == load_config(bundled_config("cpu"))   # a path works too
 
 
 @pytest.mark.parametrize("name", ["nope", "", "../config", "cpu.toml", "configs/cpu", None])

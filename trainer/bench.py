@@ -447,9 +447,9 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         raise ValueError(f"workers must be whole numbers >= 1, got {workers!r}")
     selfplay_keys = None
     if config is not None:
-        from trainer.config import bundled_config, load_config
+        from trainer.config import load_named_config
 
-        cfg = load_config(bundled_config(config) or config)
+        cfg = load_named_config(config)
         selfplay_keys = dataclasses.asdict(cfg.selfplay)
         games = games or cfg.selfplay.games_per_worker or None
         if network is None:

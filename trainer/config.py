@@ -31,6 +31,7 @@ __all__: Sequence[str] = [
     "SelfPlayConfig", "DaemonConfig", "GatingConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
     "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config", "bundled_config",
+    "load_named_config",
 ]
 
 #: the run's config, in the run directory (``learn`` writes it on the first start)
@@ -367,6 +368,11 @@ def bundled_config(name: str) -> str | None:
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", f"{name}.toml")
     return path if os.path.isfile(path) else None
+
+
+def load_named_config(name: str | os.PathLike) -> TrainConfig:
+    """A config given on a command line: a bundled config's name (``cpu``, ``teacher-6x64``) or a path."""
+    return load_config(bundled_config(os.fspath(name)) or name)
 
 
 def load_run_config(run_dir: str | os.PathLike) -> TrainConfig:

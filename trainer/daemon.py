@@ -39,7 +39,7 @@ import zmq
 
 from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
-from trainer.config import CONFIG_FILE, TrainConfig, bundled_config, load_config, load_run_config, to_toml
+from trainer.config import CONFIG_FILE, TrainConfig, load_config, load_named_config, load_run_config, to_toml
 
 __all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
            "PUBLISHED_FILE", "GATING_FILE"]
@@ -858,8 +858,7 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
     """The config named (a path, or a bundled config's name), else RUN/config.toml, else the defaults."""
     if config is None:
         return load_run_config(run_dir)
-    name = os.fspath(config)
-    return load_config(bundled_config(name) or name)
+    return load_named_config(config)
 
 
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,

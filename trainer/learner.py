@@ -54,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from trainer.config import (
     CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config, from_dict,
-    load_config, model_differences, to_toml,
+    load_config, load_named_config, model_differences, to_toml,
 )
 from trainer.model import Net, NetConfig, NetOutput, build_net
 
@@ -1013,11 +1013,12 @@ def _forward(lines, log: Log) -> None:
 
 
 def _resolve_config(run_dir: str, config_path: str | os.PathLike | None, write: bool, log: Log) -> TrainConfig:
-    """The run's config: ``config_path`` if given, else RUN/config.toml, else the defaults;
-    RUN/config.toml is (re)written to hold the config in use (when ``write``)."""
+    """The run's config: ``config_path`` (a path or a bundled config's name) if given, else
+    RUN/config.toml, else the defaults; RUN/config.toml is (re)written to hold the config in use
+    (when ``write``)."""
     run_file = os.path.join(run_dir, CONFIG_FILE)
     if config_path is not None:
-        config = load_config(config_path)
+        config = load_named_config(config_path)
     elif os.path.exists(run_file):
         config = load_config(run_file)
     else:
