@@ -115,7 +115,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=["engine", "engine.nets", "engine.tools", "uci", "trainer"],
-    package_data={"engine": ["*.pxd", "*.pyi", "py.typed"], "engine.tools": ["openings.txt"], "uci": ["py.typed"], "trainer": ["py.typed", "configs/*.toml"], "engine.nets": ["*.onnx", "*.onnx.sha256", "*.json", "*.md"]},
+    package_data={"engine": ["*.pxd", "*.pyi", "py.typed"], "engine.tools": ["openings.txt", "mates.epd"], "uci": ["py.typed"], "trainer": ["py.typed", "configs/*.toml"], "engine.nets": ["*.onnx", "*.onnx.sha256", "*.json", "*.md"]},
     ext_modules=extensions(),
     install_requires=[
         "numpy",

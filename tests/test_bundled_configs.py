@@ -42,12 +42,15 @@ def test_an_unknown_or_odd_name_is_none(name):
     assert bundled_config(name) is None
 
 
-def test_setup_ships_every_bundled_config():
+@pytest.mark.parametrize("package", ["trainer", "engine.tools", "engine.nets"])
+def test_setup_ships_every_data_file_the_package_reads(package):
+    """A file missing from package_data works from a checkout and breaks an installed copy."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
     package_data = next(kw.value for node in ast.walk(tree) if isinstance(node, ast.Call)
                         for kw in node.keywords if kw.arg == "package_data")
-    patterns = ast.literal_eval(package_data)["trainer"]
-    shipped = {os.path.relpath(p, os.path.join(ROOT, "trainer"))
-               for pattern in patterns for p in glob.glob(os.path.join(ROOT, "trainer", pattern))}
-    configs = glob.glob(os.path.join(ROOT, "trainer", "configs", "*.toml"))
-    assert configs and {os.path.relpath(p, os.path.join(ROOT, "trainer")) for p in configs} <= shipped
+    folder = os.path.join(ROOT, *package.split("."))
+    patterns = ast.literal_eval(package_data)[package]
+    shipped = {os.path.relpath(p, folder) for pattern in patterns for p in glob.glob(os.path.join(folder, pattern))}
+    data = {os.path.relpath(p, folder) for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+            if os.path.isfile(p) and "__pycache__" not in p and not p.endswith((".py", ".pyc", ".so"))}
+    assert data and data <= shipped, sorted(data - shipped)
