@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -516,3 +517,13 @@ def test_config_names_a_bundled_config_or_a_file(run_dir, tmp_path):
     assert _resolve_config(run_dir, None) == load_run_config(run_dir)
     with pytest.raises(ValueError, match="cannot read config"):
         _resolve_config(run_dir, "no-such-config")
+
+
+def test_usable_cores_follows_the_affinity_so_taskset_sizes_the_workers():
+    from trainer import usable_cores
+
+    assert usable_cores() == len(os.sched_getaffinity(0))
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from trainer import usable_cores; print(usable_cores())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1"

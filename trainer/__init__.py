@@ -7,3 +7,14 @@ Everything that needs torch lives here; ``engine`` and ``uci`` never import it.
 #: SIGTERM) when the process that started it is gone, so a SIGKILLed daemon leaves no
 #: worker or learner behind (``trainer.cli``).
 EXIT_WITH_PARENT_ENV = "CYZERO_EXIT_WITH_PARENT"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (``taskset``, a container's cpuset),
+    not the machine's count, so processes started under ``taskset -c 1`` size themselves to one."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import usable_cores
 from trainer.config import default_config, to_toml
 
 __all__: Sequence[str] = ["bench_selfplay", "bench_train", "format_report", "format_selfplay_report", "synthetic_records"]
@@ -467,7 +468,7 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     from trainer.selfplay import settings_from_config
 
     settings = settings_from_config(selfplay_keys) if selfplay_keys else SelfPlaySettings()
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     figures: dict[str, Any] = {
         "network": path, "cores": cores, "games_per_worker": games, "visits": settings.visits,
         "fast_visits": settings.fast_visits, "full_search_prob": settings.full_search_prob,

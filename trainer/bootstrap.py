@@ -127,6 +127,7 @@ import chess.syzygy
 import numpy as np
 
 from engine.board import Board
+from trainer import usable_cores
 from trainer.atomic import atomic_write_text
 from trainer.records import RECORD_DTYPE, Eval, make_record
 
@@ -479,7 +480,7 @@ def bootstrap_teacher(
     or dies; games committed before that stay in the store.
     """
     command = list(teacher) if teacher else default_teacher()
-    workers = (os.cpu_count() or 1) if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     _check_teacher_args(positions=positions, workers=workers, depth=depth, multipv=multipv,
                         temperature=temperature, random_move_share=random_move_share,
                         opening_plies=opening_plies, max_plies=max_plies, syzygy=syzygy,

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
-from trainer import EXIT_WITH_PARENT_ENV, wire
+from trainer import EXIT_WITH_PARENT_ENV, usable_cores, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import CONFIG_FILE, TrainConfig, load_config, load_named_config, load_run_config, to_toml
 
@@ -457,7 +457,7 @@ class Daemon:
         for device in self.devices:
             cpu = device == "cpu"
             games = self.config.selfplay.games_per_worker or (32 if cpu else 256)
-            threads = (d.worker_threads or max(1, (os.cpu_count() or 1) // cpu_workers)) if cpu else None
+            threads = (d.worker_threads or max(1, usable_cores() // cpu_workers)) if cpu else None
             for k in range(self.workers_per_device):
                 wid = self.worker_id(device, k)
                 child = _Child(wid, self.worker_command(device, k, connect, games, threads, client_keys),

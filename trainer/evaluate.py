@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from engine.tools import match as m
+from trainer import usable_cores
 from trainer.atomic import append_jsonl, read_jsonl
 from trainer.gating import engine_spec
 from trainer.learner import GENERATIONS_FILE
@@ -159,7 +160,7 @@ def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, nodes: int = 64,
     first = dict(targets).get(0)  # 0 is a multiple of every K
     if first is None:
         log("evaluate: generation 0's network is gone (replay.keep_networks?): playing the random mover only")
-    threads = max(1, (os.cpu_count() or 1) // concurrency)  # one engine of each pair thinks at a time
+    threads = max(1, usable_cores() // concurrency)  # one engine of each pair thinks at a time
     written = []
     with _locked(run_dir):
         done = {(r["generation"], r["opponent"], r["nodes"]) for r in read_evaluations(run_dir)}

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from engine.tools import match as m
+from trainer import usable_cores
 from trainer.config import GatingConfig
 
 __all__ = ["GateResult", "decide", "gate", "llr", "sprt_bounds"]
@@ -169,7 +170,7 @@ def gate(candidate_path: str, best_path: str, cfg: GatingConfig, log: Callable[[
             decided.append(verdict)
         return verdict is not None
 
-    threads = max(1, (os.cpu_count() or 1) // cfg.concurrency)  # one engine of each pair thinks at a time
+    threads = max(1, usable_cores() // cfg.concurrency)  # one engine of each pair thinks at a time
     config = m.MatchConfig(
         engine1=engine_spec(candidate_path, threads, "candidate"),
         engine2=engine_spec(best_path, threads, "best"),
