@@ -686,3 +686,34 @@ def test_retention_prunes_old_chunks_outside_the_window_and_old_networks(tmp_pat
     sampler.refresh()
     assert 0 < sampler.window_positions <= sampler.training_positions  # the window is still all there
     assert sorted(os.listdir(os.path.join(run, "networks"))) == ["gen-00002.onnx", "gen-00002.onnx.sha256"]
+
+
+def test_exporting_a_checkpoint_gives_the_network_the_learner_exported_for_it(tmp_path):
+    """`cyzero-train export --checkpoint` (what ships a trained network) takes the weights the
+    learner chose for that step (raw or averaged), not always the raw ones."""
+    import onnxruntime as ort
+
+    from trainer.cli import main
+    from trainer.export import sample_positions
+
+    run = make_run(tmp_path / "run")
+    code, lines = run_learn(run, steps=4)
+    assert code == 0, lines
+    record = json.loads(open(os.path.join(run, "generations.jsonl")).readline())
+    planes, _ = sample_positions(16, seed=3)
+
+    def wdl(path):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(["/output/wdl"], {"/input/planes": planes})[0]
+
+    exported = {}
+    for weights in ("auto", "raw", "average"):
+        out = tmp_path / weights
+        args = ["export", "--checkpoint", checkpoint_path(run, 4), "--out", str(out), "--variants", "fp32",
+                "--name", "net", "--weights", weights, "--positions", "8"]
+        assert main(args) == 0
+        exported[weights] = wdl(out / "net.onnx")
+    generation = wdl(os.path.join(run, record["onnx"]))
+    assert not np.allclose(exported["raw"], exported["average"], atol=1e-4)   # four steps apart
+    assert np.allclose(exported["auto"], generation, atol=1e-5)
+    assert np.allclose(exported["raw" if record["weights"] == "raw" else "average"], generation, atol=1e-5)

@@ -47,6 +47,10 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--checkpoint", metavar="PATH",
                      help="torch checkpoint: {'config': NetConfig fields, 'model': state_dict}, "
                           "or a bare state dict together with --config")
+    exp.add_argument("--weights", choices=("auto", "raw", "average"), default="auto",
+                     help="a learner checkpoint's raw weights or its averaged ones (EMA/SWA); auto "
+                          "(default): the ones the learner exported for that step (RUN/generations.jsonl), "
+                          "else the averaged ones when there are any")
     exp.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     exp.add_argument("--name", default="model", help="file stem (default 'model': model.onnx, model.fp16.onnx, ...)")
     exp.add_argument("--variants", default="fp32,fp16,int8",
@@ -237,8 +241,9 @@ def read_checkpoint(path: str):
         raise ValueError(f"cannot load checkpoint {path}: {_one_line(exc)}") from None
 
 
-def _net_from_checkpoint(path: str, config):
-    """The network in checkpoint ``path``; ValueError for one that does not hold a fitting network."""
+def _net_from_checkpoint(path: str, config, weights: str = "auto"):
+    """The network in checkpoint ``path`` and which weights it holds ("raw", "ema", "swa");
+    ValueError for one that does not hold a fitting network."""
     from trainer.model import load_net
 
     checkpoint = read_checkpoint(path)
@@ -248,6 +253,14 @@ def _net_from_checkpoint(path: str, config):
     has_config = "config" in checkpoint
     if not has_config and config is None:
         raise ValueError(f"checkpoint {path} has no 'config': give --config BLOCKSxFILTERS")
+    average = checkpoint.get("average") if has_config else None
+    kind = average.get("kind") if isinstance(average, dict) and average.get("weights") else None
+    if weights == "average" and kind is None:
+        raise ValueError(f"checkpoint {path} has no averaged weights: export its raw weights (--weights raw)")
+    chosen = weights if weights != "auto" else _exported_weights(path, checkpoint.get("step"), kind)
+    if chosen != "raw":
+        checkpoint = {**checkpoint, "model": average["weights"]}
+        chosen = kind
     try:
         net = load_net(checkpoint) if has_config else load_net(checkpoint, config=config)
     except ValueError as exc:
@@ -256,7 +269,26 @@ def _net_from_checkpoint(path: str, config):
         raise ValueError(f"checkpoint {path} does not hold a network cyzero can load: {_one_line(exc)}") from None
     if has_config and config is not None and (config.blocks, config.filters) != (net.config.blocks, net.config.filters):
         raise ValueError(f"--config {config.name} does not match the checkpoint's {net.config.name}")
-    return net
+    return net, chosen
+
+
+def _exported_weights(path: str, step, kind) -> str:
+    """``--weights auto``: "raw" or "average", as the learner chose when it exported the
+    generation of checkpoint ``path`` (RUN/checkpoints/step-N.pt -> RUN/generations.jsonl)."""
+    from trainer.atomic import read_jsonl
+    from trainer.learner import GENERATIONS_FILE
+
+    if kind is None:
+        return "raw"
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    try:
+        records = read_jsonl(os.path.join(run_dir, GENERATIONS_FILE))
+    except OSError:
+        records = []
+    for record in records:
+        if record.get("step") == step and record.get("weights") in ("raw", kind):
+            return "raw" if record["weights"] == "raw" else "average"
+    return "average"
 
 
 def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -279,7 +311,7 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             overrides["se_ratio"] = args.se_ratio
         config = NetConfig.from_name(args.config, **overrides) if args.config else None
         if args.checkpoint:
-            net = _net_from_checkpoint(args.checkpoint, config)
+            net, weights = _net_from_checkpoint(args.checkpoint, config, args.weights)
         else:
             net = build_net(config or NetConfig.from_name("6x64", **overrides), seed=args.seed)
         calibration = None
@@ -290,7 +322,7 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return 2
 
     if not args.json:
-        source = args.checkpoint or f"random init, seed {args.seed}"
+        source = f"{args.checkpoint}, {weights} weights" if args.checkpoint else f"random init, seed {args.seed}"
         print(f"exporting {net.config.name} ({net.num_parameters():,} parameters, {source}) to {args.out}",
               file=sys.stderr, flush=True)
 
