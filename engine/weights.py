@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from engine.files import read_sha256, sha256_file, sha256_path
-from engine.network import POLICY_SIZE, Network, NetworkError
+from engine.network import CUDA, POLICY_SIZE, Network, NetworkError
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -31,6 +31,7 @@ __all__ = [
     "NetworkBuilder",
     "NoNetworkError",
     "WeightsError",
+    "bundled_variant_path",
     "default_weights_path",
     "read_side_digest",
     "resolve_weights",
@@ -58,6 +59,19 @@ class NoNetworkError(NetworkError):
 def default_weights_path() -> str:
     """The bundled network, ``engine/nets/default.onnx`` (next to this package)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "nets", "default.onnx")
+
+
+#: The bundled network's file for each provider, next to ``default.onnx``: fp16 on CUDA
+#: (as lc0 runs its nets on GPUs); the CPU runs ``default.onnx`` (fp32: int8 static
+#: quantization moved the trained net's WDL by up to 0.2, engine/nets/PROVENANCE.md), and
+#: TensorRT takes the fp32 file and builds its own fp16 engine from it.
+BUNDLED_VARIANTS = {CUDA: "default.fp16.onnx"}
+
+
+def bundled_variant_path(provider: str) -> Optional[str]:
+    """The bundled network's file for ``provider``, or None where that is ``default.onnx``."""
+    name = BUNDLED_VARIANTS.get(provider)
+    return os.path.join(os.path.dirname(default_weights_path()), name) if name else None
 
 
 def weights_path(value: str | os.PathLike | None) -> str:
@@ -248,7 +262,23 @@ class NetworkBuilder:
         return Candidate(network, sha, reported_path or path, generation, run)
 
     def load_weights_file(self, path: str) -> Candidate:
-        """The first load of a ``WeightsFile``: held to its ``.sha256`` side file when there is one."""
+        """The first load of a ``WeightsFile``: held to its ``.sha256`` side file when there is one.
+
+        The bundled network is then reloaded in the variant for the provider it landed on
+        (:data:`BUNDLED_VARIANTS`): which provider that is, only the load can tell."""
+        candidate = self._load_held_to_side_file(path)
+        variant = bundled_variant_path(getattr(candidate.network, "provider", ""))
+        if path != default_weights_path() or variant is None or not os.path.isfile(variant):
+            return candidate
+        try:
+            better = self._load_held_to_side_file(variant)
+        except NetworkError as e:
+            self._loader_log(f"{os.path.basename(variant)} unusable, staying on {os.path.basename(path)}: {e}")
+            return candidate
+        close_quietly(candidate.network)
+        return better
+
+    def _load_held_to_side_file(self, path: str) -> Candidate:
         side = read_side_digest(path)
         try:
             return self.build(path, side)

@@ -110,7 +110,8 @@ class FetchServer:
 def test_announcements_swap_refuse_and_survive_garbage(tmp_path, weights, publisher):
     socket, endpoint = publisher
     gen1, gen3 = str(tmp_path / "gen1.onnx"), str(tmp_path / "gen3.onnx")
-    shutil.copyfile(os.path.join(NETS, "default.int8.onnx"), gen1)
+    with open(gen1, "wb") as f:
+        f.write(B)
     shutil.copyfile(os.path.join(NETS, "default.onnx"), gen3)
     log, loader = Log(), CountingLoader()
     with make_manager(weights, log, loader, endpoint=endpoint) as manager:

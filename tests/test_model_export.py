@@ -370,7 +370,7 @@ def test_cli_export(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- the bundled default network
 
-BUNDLED = {"fp32": "default.onnx", "fp16": "default.fp16.onnx", "int8": "default.int8.onnx"}
+BUNDLED = {"fp32": "default.onnx", "fp16": "default.fp16.onnx"}   # what the engine loads (engine.weights)
 
 
 @pytest.mark.parametrize("variant,name", sorted(BUNDLED.items()))

@@ -515,7 +515,7 @@ def _positions(n: int) -> np.ndarray:
     return encoding.encode_boards(boards)
 
 
-@pytest.mark.parametrize("name", ["default.onnx", "default.fp16.onnx", "default.int8.onnx"])
+@pytest.mark.parametrize("name", ["default.onnx", "default.fp16.onnx"])
 def test_bundled_network(name):
     path = os.path.join(NETS, name)
     with open(path + ".sha256", encoding="utf-8") as f:

@@ -118,3 +118,40 @@ def test_no_network_error_says_why():
     error = NoNetworkError("WeightsFile not found: /x.onnx")
     assert str(error) == "WeightsFile not found: /x.onnx"
     assert isinstance(error, NetworkError) and isinstance(error, ValueError)
+
+
+def test_the_bundled_network_loads_in_the_variant_for_its_provider(tmp_path, monkeypatch):
+    """The CPU plays default.onnx itself; a provider with a variant (fp16 on CUDA) gets the
+    variant, here tried on the CPU by mapping it there. A file the user names is loaded as it
+    is, even a copy of the bundled one."""
+    import engine.weights as weights
+    from engine.network import CPU
+    from engine.weights import bundled_variant_path, read_side_digest
+
+    builder = NetworkBuilder(backend="cpu", threads=1, options=FAST_NET, log=Log())
+    assert bundled_variant_path(CPU) is None
+    assert builder.load_weights_file(default_weights_path()).path == default_weights_path()
+    monkeypatch.setattr(weights, "BUNDLED_VARIANTS", {CPU: "default.fp16.onnx"})
+    candidate = builder.load_weights_file(default_weights_path())
+    assert candidate.path == bundled_variant_path(CPU) and candidate.path.endswith("default.fp16.onnx")
+    assert candidate.sha256 == read_side_digest(candidate.path) and "fp16" in candidate.label(long=True)
+    copy = tmp_path / "default.onnx"
+    copy.write_bytes(open(default_weights_path(), "rb").read())
+    assert builder.load_weights_file(str(copy)).path == str(copy)
+
+
+def test_an_unusable_variant_leaves_the_engine_on_the_bundled_fp32_with_a_line(tmp_path, monkeypatch):
+    import engine.weights as weights
+    from engine.network import CPU
+
+    nets = tmp_path / "nets"
+    nets.mkdir()
+    (nets / "default.onnx").write_bytes(open(default_weights_path(), "rb").read())
+    (nets / "default.fp16.onnx").write_bytes(b"not a network")
+    monkeypatch.setattr(weights, "default_weights_path", lambda: str(nets / "default.onnx"))
+    monkeypatch.setattr(weights, "BUNDLED_VARIANTS", {CPU: "default.fp16.onnx"})
+    log = Log()
+    candidate = NetworkBuilder(backend="cpu", threads=1, options=FAST_NET, log=log).load_weights_file(
+        str(nets / "default.onnx"))
+    assert candidate.path == str(nets / "default.onnx")
+    assert any("default.fp16.onnx unusable, staying on default.onnx" in line for line in log.lines), log.lines

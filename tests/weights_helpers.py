@@ -1,8 +1,9 @@
 """Shared pieces of the network tests (test_weights, test_swap, test_watchers, test_follower, ...).
 
-The networks are the bundled ones (``default.onnx`` and its fp16 / int8
-variants: three different valid networks that load in a few hundredths of a
-second); the managers poll fast (:data:`FAST`) so that the tests are quick.
+The networks are the bundled ones (``default.onnx``, its fp16 variant, and a
+copy of ``default.onnx`` with another doc string: three different valid files
+that load in a few hundredths of a second); the managers poll fast
+(:data:`FAST`) so that the tests are quick.
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ def bundled(name: str) -> bytes:
         return f.read()
 
 
+def _restamped(data: bytes) -> bytes:
+    """The same network in other bytes (another sha256): ``doc_string`` is ONNX field 6."""
+    note = b"a test copy"
+    return data + bytes([6 << 3 | 2, len(note)]) + note   # a repeated scalar field: the last one wins
+
+
 A = bundled("default.fp16.onnx")
-B = bundled("default.int8.onnx")
 C = bundled("default.onnx")
+B = _restamped(C)
 
 
 def sha(data: bytes) -> str:

