@@ -263,6 +263,21 @@ cdef inline bint _twofold_only(TreeCore* t, const Pos* p, int ply) noexcept nogi
     return _earlier_occurrences(t, p, ply, &in_tree) < 2
 
 
+cdef bint _mates_in_one(const Pos* p, const Move* moves, int n) noexcept nogil:
+    """Whether one of the ``n`` legal ``moves`` of ``p`` gives mate.  Only checking moves
+    need the replies generated, so this costs a few make_move calls per new leaf."""
+    cdef Pos q
+    cdef Undo u
+    cdef Move replies[MAX_MOVES]
+    cdef int i
+    for i in range(n):
+        q = p[0]
+        make_move(&q, moves[i], &u)
+        if in_check(&q) and gen_legal(&q, replies) == 0:
+            return True
+    return False
+
+
 cdef void _prove_up(TreeCore* t, const uint32_t* path, int depth) noexcept nogil:
     """Propagate exact results upwards while the children prove their parents."""
     cdef int k
@@ -950,7 +965,20 @@ cdef class Tree:
         cdef uint32_t ni = self.core.root
         cdef Undo u
         cdef list line = []
+        cdef Move moves[MAX_MOVES]
+        cdef Node* node
+        cdef int n, i
         while len(line) < max_length:
+            node = &self.core.nodes[ni]
+            if ni != self.core.root and node.flags & NODE_PROVEN and not node.flags & (NODE_EXPANDED | NODE_TERMINAL) \
+                    and node.bound == -1 and node.m >> 4 == 1:
+                # Proven by the mate in one found on arrival (never expanded): name the mating move.
+                n = gen_legal(&pos, moves)
+                for i in range(n):
+                    if _mates_in_one(&pos, &moves[i], 1):
+                        line.append(_uci_of(&pos, moves[i]))
+                        break
+                break
             children = self._children(ni, pos)
             if not children:
                 break
@@ -1236,6 +1264,20 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
                 _backup(t, path, depth, node.bound, 1.0 if node.bound == 0 else 0.0, 0.0)
                 if not (node.flags & NODE_TWOFOLD):
                     _prove_up(t, path, depth)
+                visits += 1
+                ooo += 1
+                break
+            if depth > 0 and _mates_in_one(&pos, moves, n):
+                # The side to move mates at once: a proven loss for the player who moved
+                # in, without asking the network, so that a weak policy cannot walk the
+                # search into a mate in one (docs/architecture.md, "Search: what the tree
+                # knows without the network").  Not at the root, which must be expanded
+                # for the mating move itself to be found and played.
+                node.flags |= NODE_PROVEN
+                node.bound = -1
+                node.m = _m_fixed(1.0)
+                _backup(t, path, depth, -1.0, 0.0, 1.0)
+                _prove_up(t, path, depth)
                 visits += 1
                 ooo += 1
                 break

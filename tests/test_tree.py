@@ -289,6 +289,37 @@ def test_mate_in_two_pv_is_a_legal_line_ending_in_mate(fen):
     assert every_reply_mated_within(after, int(top["m"]) // 2)
 
 
+# After 36...Ke6 of a game the bundled network lost to Stockfish at 10+0.1: 27 of White's
+# 41 moves let Black mate at once, and a search of about 200 nodes played 37.Rb8?? Qh1#.
+ALLOWS_MATE = "8/1R2rp2/2p1k1p1/P1P1p3/3Pq2r/6Q1/5P2/1R4K1 w - - 2 37"
+
+
+def test_a_move_that_allows_mate_in_one_is_proven_lost_on_its_first_visit():
+    ref = chess.Board(ALLOWS_MATE)
+    losing = set()
+    for move in list(ref.legal_moves):
+        ref.push(move)
+        if mates_within(ref, 1):
+            losing.add(move.uci())
+        ref.pop()
+    assert len(losing) == 27
+    tree = search(Tree(Board(ALLOWS_MATE), seed=3), FakeNet(), 120, batch_size=1)
+    visited = [c for c in tree.root_children() if c["n"] > 0]
+    assert {c["move"] for c in visited} & losing   # the uniform policy tried some of them
+    for c in visited:
+        assert (c["proven"] == -1) == (c["move"] in losing), c
+        if c["move"] in losing:
+            assert c["q"] == -1.0 and c["m"] == 1   # mated one ply after the reply
+            assert tree.pv(c["move"])[:2] and ref.is_legal(chess.Move.from_uci(c["move"]))
+    assert tree.best_move() not in losing
+    # The line names the mate although the mated position was never expanded.
+    pv = tree.pv(sorted(losing & {c["move"] for c in visited})[0])
+    board = chess.Board(ALLOWS_MATE)
+    for move in pv:
+        board.push_uci(move)
+    assert len(pv) == 2 and board.is_checkmate()
+
+
 def test_mate_in_two_with_a_large_batch():
     fen = MATE_IN_TWO[0]
     tree = search(Tree(Board(fen), seed=3), FakeNet(), 3000, batch_size=128)
@@ -352,8 +383,9 @@ def test_stalemate_trap_is_avoided(fen, batch_size):
     assert tree.best_move() != trap
     best = tree.root_children()[0]
     assert best["q"] > 0.5
-    # A stalemate is a draw, not a lost position: the visits it took were scored 0.
-    assert trap_child["n"] < best["n"], (
+    # A stalemate is a draw, not a lost position: the visits it took were scored 0. (Or the
+    # search proved the mate first and stopped: the proof, not the visits, picks the move.)
+    assert trap_child["n"] < best["n"] or (tree.root_proven == 1 and best["proven"] == 1), (
         f"the stalemate took {trap_child['n']} of {tree.playouts} visits "
         f"(best {best['move']} {best['n']})"
     )

@@ -12,7 +12,9 @@ cpuct growth and separate root constants, first-play urgency reduced by the visi
 policy, values stored from the view of the player who moved into the node, the policy
 softmax at ``policy_temperature``, and terminal positions scored as the tree scores
 them (mate, stalemate, insufficient material, the 50-move rule, threefold repetition
-with the game history, twofold inside the tree with ``two_fold_draws``).  Where the
+with the game history, twofold inside the tree with ``two_fold_draws``), and a node
+below the root whose side to move mates in one scored as lost for the player who moved
+in, without evaluating it.  Where the
 tree's representation decides between equal candidates, the reference copies it:
 
 * priors go through the tree's float32 softmax and are stored as ``P x 65535`` in a
@@ -161,13 +163,26 @@ class PythonPuct:
                 board.push(popped.pop())
         return False
 
-    def expand(self, node: Node, board: chess.Board) -> tuple[float, float]:
-        """Expand ``node`` (or find that the game is over); return (W-L, D) for the player who moved in."""
+    @staticmethod
+    def _mates_in_one(board: chess.Board, moves: list[chess.Move]) -> bool:
+        for move in moves:
+            board.push(move)
+            mate = board.is_checkmate()
+            board.pop()
+            if mate:
+                return True
+        return False
+
+    def expand(self, node: Node, board: chess.Board, at_root: bool = False) -> tuple[float, float]:
+        """Expand ``node`` (or find that the game is over, or that the side to move mates at
+        once, below the root); return (W-L, D) for the player who moved in."""
         moves = list(board.legal_moves)
         if not moves:
             node.terminal = 1.0 if board.is_check() else 0.0  # mate: the mover won
         elif board.is_insufficient_material() or board.halfmove_clock >= 100 or self._is_repetition_draw(board):
             node.terminal = 0.0
+        elif not at_root and self._mates_in_one(board, moves):
+            node.terminal = -1.0  # the reply mates: the mover lost
         if node.terminal is not None:
             return node.terminal, 1.0 if node.terminal == 0.0 else 0.0
         moves, logits, wl, d = self.evaluate(board, moves)
@@ -189,7 +204,7 @@ class PythonPuct:
         if node.terminal is not None:
             wl, d = node.terminal, 1.0 if node.terminal == 0.0 else 0.0
         else:
-            wl, d = self.expand(node, board)
+            wl, d = self.expand(node, board, depth == 0)
         for visited in reversed(path):
             visited.n += 1
             visited.wl += (wl - visited.wl) / visited.n
