@@ -1067,9 +1067,9 @@ class Searcher:
             children = [c for c in children if c["move"] in self._go.searchmoves] or children
         if first is not None:
             children = sorted(children, key=lambda c: c["move"] != first)  # stable: the rest keep their order
+        # MultiPV N reports N lines, as a GUI expects: a move the search has not visited yet
+        # gets the root's own value and a one-move pv (lc0 reports its unvisited edges too).
         for rank, child in enumerate(children[: max(1, self.params.multipv)], start=1):
-            if child["n"] == 0 and child["proven"] is None and rank > 1:
-                break
             q = child["q"] if child["q"] is not None else -tree.root_q[0]
             d = child["d"] if child["d"] is not None else tree.root_q[1]
             mate = None
