@@ -247,6 +247,21 @@ def test_dynamo_exporter_gives_the_same_contract(positions):
         assert np.abs(g - r).max() <= 1e-4
 
 
+def test_fp32_parity_scales_with_a_moves_left_head_that_predicts_hundreds_of_plies(tmp_path, positions):
+    """A trained moves-left head outputs plies by the hundred, where float32 rounding alone
+    passes an absolute 1e-4 (a CPU training run's learner died at every export): fp32's bound
+    is relative to the output's size, like fp16's and int8's."""
+    net = build_net(TINY, seed=3).eval()
+    with torch.no_grad():
+        net.mlh_fc2.weight.mul_(400.0)
+        net.mlh_fc2.bias.fill_(3000.0)
+    report = export_onnx(net, tmp_path / "net.onnx", "fp32", check_planes=positions[0])
+    assert report.mlh_scale > 2000
+    assert report.mlh_max_abs_diff <= PARITY_BOUNDS["fp32"].mlh * report.mlh_scale
+    got = session(report.path).run(None, {INPUT_NAME: positions[0]})[2]
+    np.testing.assert_allclose(got, torch_outputs(net, positions[0])[2], rtol=1e-5)
+
+
 def test_parity_failure_writes_nothing(tmp_path, tiny_net, positions):
     path = tmp_path / "net.onnx"
     path.write_bytes(b"the old network")
