@@ -17,11 +17,12 @@ Registered so far:
 ``nn``
     the network through ``engine.network`` (ONNX Runtime), like lc0's
     ``backendbench``: positions/s at batch sizes 1 to 256 for the bundled
-    network and each bundled export variant (fp32 ``default.onnx``,
-    ``default.fp16.onnx``, ``default.int8.onnx``), measured batch by batch
-    with the variants alternating in short rounds, and the speed-up of int8
-    (and fp16) over fp32 in the same run: at each batch size and at each
-    variant's best batch size.  ``--net PATH`` times other files instead.
+    network and each bundled export variant that is there (fp32
+    ``default.onnx``, ``default.fp16.onnx``, and ``default.int8.onnx`` where
+    one is put beside them: none is shipped), measured batch by batch with
+    the variants alternating in short rounds, and the speed-up of int8 and
+    fp16 over fp32 in the same run: at each batch size and at each variant's
+    best batch size.  ``--net PATH`` times other files instead.
 
 ``tree``
     playouts/s of the Cython MCTS (``engine.tree``) against a plain-Python
