@@ -19,7 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import NamedTuple
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -269,20 +271,23 @@ def random_game(rng: random.Random) -> np.ndarray:
 def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0,
              positions: int = 0):
     """A run folder with RUN/config.toml and a store of at least 2 validation and 4 training chunks
-    and ``positions`` in all (which chunks are held out depends on their random names, so keep
-    adding until both are there)."""
+    and ``positions`` in all (which chunks are held out depends on their names, so keep adding
+    until both are there). The chunks' names, random in the store, are drawn from ``seed`` here:
+    the same call makes the same split, so a test's held-out set does not change from run to run."""
     path = str(path)
     store = ReplayStore(path)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         f.write(config)
     val_percent = load_config(os.path.join(path, CONFIG_FILE)).replay.val_percent
     rng = random.Random(seed)
-    for _ in range(1000):
-        names = [e.name for e in store.entries()]
-        held = sum(is_validation(n, val_percent) for n in names)
-        if held >= 2 and len(names) - held >= 4 and store.total_positions() >= positions:
-            return path
-        store.append_games([game(rng) for _ in range(games_per_chunk)], generation=0, source="test")
+    names_rng = random.Random(f"chunk names {seed}")
+    with mock.patch("trainer.replay.uuid.uuid4", lambda: uuid.UUID(int=names_rng.getrandbits(128))):
+        for _ in range(1000):
+            names = [e.name for e in store.entries()]
+            held = sum(is_validation(n, val_percent) for n in names)
+            if held >= 2 and len(names) - held >= 4 and store.total_positions() >= positions:
+                return path
+            store.append_games([game(rng) for _ in range(games_per_chunk)], generation=0, source="test")
     raise AssertionError("could not make a store with both validation and training chunks")
 
 

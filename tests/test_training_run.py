@@ -173,7 +173,9 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
 
         # Started again on the same directory, the run goes on where it stopped.
         last = max(generations)  # the final checkpoint's generation may not have been published yet
-        checkpoint_steps = sorted(int(n[5:-3]) for n in os.listdir(os.path.join(run, "checkpoints")))
+        # (a temp file the SIGKILLed learner left mid-write is not a checkpoint)
+        checkpoint_steps = sorted(int(n[5:-3]) for n in os.listdir(os.path.join(run, "checkpoints"))
+                                  if re.fullmatch(r"step-\d+\.pt", n))
         daemon = start_daemon(run, log_path)
         wait_for(lambda: max(published(run)) > last, "a new generation after the restart", daemon=daemon)
         text = open(learner_log).read()
