@@ -79,7 +79,6 @@ class ParityBounds:
     wdl: float
     mlh: float
     min_argmax_agreement: float = 0.0
-    relative: bool = True
 
 
 #: Measured worst cases (random-init nets 2x16, 6x64 and 10x128 with mlh, seeds 0..4, 256
@@ -443,7 +442,7 @@ def _compare(
 
 def _parity_failures(numbers: dict, bounds: ParityBounds) -> list[str]:
     def limit(bound, scale):
-        return bound * max(1.0, scale) if bounds.relative and scale is not None else bound
+        return bound * max(1.0, scale) if scale is not None else bound
 
     failures = []
     checks = [
