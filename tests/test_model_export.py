@@ -202,6 +202,22 @@ def test_reports_are_within_bounds(exported):
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
 
 
+def test_int8_keeps_the_stem_and_the_policy_logits_conv_in_float32(exported):
+    """Every block convolution reads int8 weights; the stem (behind the graph's input scaling)
+    and the conv that makes the policy logits keep float32 weights (trainer/export.py says why)."""
+    _, reports = exported
+    model = onnx.load(reports["int8"].path)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    quantized = {n.name: getattr(producer.get(n.input[1]), "op_type", None) == "DequantizeLinear" for n in convs}
+    stem = [n.name for n in convs if "stem" in n.name]
+    logits = [n.name for n in convs if n.name.startswith("/net/policy/conv2")]
+    assert len(stem) == 1 and len(logits) == 1, sorted(quantized)
+    assert not quantized[stem[0]] and not quantized[logits[0]]
+    rest = [name for name in quantized if name not in stem + logits]
+    assert rest and all(quantized[name] for name in rest), quantized
+
+
 def test_sha256_files_match_and_no_temp_files(exported):
     out, reports = exported
     for report in reports.values():
@@ -385,7 +401,7 @@ def test_cli_export(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- the bundled default network
 
-BUNDLED = {"fp32": "default.onnx", "fp16": "default.fp16.onnx"}   # what the engine loads (engine.weights)
+BUNDLED = {"fp32": "default.onnx", "fp16": "default.fp16.onnx", "int8": "default.int8.onnx"}   # what the engine loads (engine.weights)
 
 
 @pytest.mark.parametrize("variant,name", sorted(BUNDLED.items()))
@@ -404,6 +420,21 @@ def test_bundled_default_networks(variant, name):
     assert policy.shape == (2, 1858) and np.all(np.isfinite(policy))
     np.testing.assert_allclose(wdl.sum(1), 1.0, atol=1e-5)
     assert np.all(mlh >= 0)
+
+
+@pytest.mark.parametrize("variant", ["fp16", "int8"])
+def test_bundled_variants_play_the_same_network_as_fp32(variant):
+    """The GPU's and the CPU's files are the fp32 network within the export's bounds for
+    their variant, so every provider plays the network PROVENANCE.md measured."""
+    planes, masks = sample_positions(128, seed=5)
+    ref = session(os.path.join(NETS, BUNDLED["fp32"])).run(None, {INPUT_NAME: planes})
+    got = session(os.path.join(NETS, BUNDLED[variant])).run(None, {INPUT_NAME: planes})
+    bounds = PARITY_BOUNDS[variant]
+    best = [np.where(masks, out[0], -np.inf).argmax(1) for out in (ref, got)]
+    assert np.mean(best[0] == best[1]) >= bounds.min_argmax_agreement
+    assert np.abs(got[1] - ref[1]).max() <= bounds.wdl
+    assert np.abs(got[0] - ref[0]).max() <= bounds.policy * max(1.0, np.abs(ref[0]).max())
+    assert np.abs(got[2] - ref[2]).max() <= bounds.mlh * max(1.0, np.abs(ref[2]).max())
 
 
 def test_bundled_provenance_lists_the_digests():

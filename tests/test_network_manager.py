@@ -16,9 +16,9 @@ import pytest
 from engine import watchers
 from engine.announce import Announcer
 from uci.session import Session
-from weights_helpers import FAST, WAIT, B, C, curve_daemon, sha  # noqa: F401 - a fixture
+from weights_helpers import FAST, WAIT, B, bundled, curve_daemon, sha  # noqa: F401 - a fixture
 
-DEFAULT_SHA = sha(C)
+CPU_DEFAULT_SHA = sha(bundled("default.int8.onnx"))   # the bundled network's CPU variant (engine.weights)
 
 
 class Engine:
@@ -75,7 +75,7 @@ def searched_legal_move(lines: list[str]) -> str:
 @pytest.mark.parametrize("junk", ["missing", "truncated"])
 def test_a_broken_weights_file_keeps_the_network_that_was_loaded(tmp_path, eng, junk):
     said = eng.info_strings(eng.send("isready"))
-    assert said == [f"loaded network default.onnx sha256:{DEFAULT_SHA[:12]} CPU fp32 6x64, float32 io"]
+    assert said == [f"loaded network default.int8.onnx sha256:{CPU_DEFAULT_SHA[:12]} CPU int8 6x64, float32 io"]
     path = tmp_path / "net.onnx"
     if junk == "truncated":
         path.write_bytes(B[: len(B) // 3])
@@ -83,7 +83,7 @@ def test_a_broken_weights_file_keeps_the_network_that_was_loaded(tmp_path, eng, 
     else:
         reason = f"WeightsFile not found: {path}"
     lines = eng.send(f"setoption name WeightsFile value {path}")
-    assert lines == [f"info string {reason}; keeping network default.onnx (sha256 {DEFAULT_SHA[:12]}...)",
+    assert lines == [f"info string {reason}; keeping network default.int8.onnx (sha256 {CPU_DEFAULT_SHA[:12]}...)",
                      "readyok"]
     eng.send("position startpos")
     lines = eng.send("go nodes 30", until="bestmove")

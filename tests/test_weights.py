@@ -121,14 +121,18 @@ def test_no_network_error_says_why():
 
 
 def test_the_bundled_network_loads_in_the_variant_for_its_provider(tmp_path, monkeypatch):
-    """The CPU plays default.onnx itself; a provider with a variant (fp16 on CUDA) gets the
-    variant, here tried on the CPU by mapping it there. A file the user names is loaded as it
-    is, even a copy of the bundled one."""
+    """The CPU plays the bundled int8 variant; a provider without a variant plays
+    default.onnx itself, and fp16 (CUDA's) is tried on the CPU by mapping it there. A file
+    the user names is loaded as it is, even a copy of the bundled one."""
     import engine.weights as weights
     from engine.network import CPU
     from engine.weights import bundled_variant_path, read_side_digest
 
     builder = NetworkBuilder(backend="cpu", threads=1, options=FAST_NET, log=Log())
+    candidate = builder.load_weights_file(default_weights_path())
+    assert candidate.path == bundled_variant_path(CPU) and candidate.path.endswith("default.int8.onnx")
+    assert candidate.sha256 == read_side_digest(candidate.path) and "int8" in candidate.label(long=True)
+    monkeypatch.setattr(weights, "BUNDLED_VARIANTS", {})
     assert bundled_variant_path(CPU) is None
     assert builder.load_weights_file(default_weights_path()).path == default_weights_path()
     monkeypatch.setattr(weights, "BUNDLED_VARIANTS", {CPU: "default.fp16.onnx"})
