@@ -446,6 +446,38 @@ def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path
     assert step >= 2 and list_checkpoints(run)[-1][0] == step
 
 
+@pytest.mark.parametrize("which", ["rank", "parent"])
+def test_a_stop_signal_delivered_twice_is_one_stop_and_a_later_one_interrupts(monkeypatch, which):
+    """`timeout` and systemd signal the whole process group: the spawning parent gets SIGTERM
+    twice, and each rank gets the group's and then the parent's forward. That is one stop
+    after the step; only a signal REPEATED_SIGNAL_S or more after the first interrupts at once."""
+    from trainer import learner
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed only in the main thread")
+    monkeypatch.setattr(learner, "REPEATED_SIGNAL_S", 0.3)
+    before = signal.getsignal(signal.SIGTERM)
+    stop = threading.Event()
+    context = (learner._stop_on_signals(stop, (signal.SIGTERM,)) if which == "rank"
+               else learner._forward_stop([]))
+
+    def deliver() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)   # Python runs the handler between bytecodes, before the next signal
+
+    with context:
+        try:
+            deliver()
+            deliver()
+        except KeyboardInterrupt:   # (a KeyboardInterrupt left to pytest would end the whole run)
+            pytest.fail("a signal repeated within REPEATED_SIGNAL_S interrupted instead of stopping once")
+        assert stop.is_set() == (which == "rank")
+        time.sleep(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            deliver()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 def test_initialize_run_makes_generation_zero_where_the_learner_starts(tmp_path):
     from engine.network import Network
     from trainer.learner import initialize_run

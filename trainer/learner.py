@@ -945,18 +945,42 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
             dist.destroy_process_group()
 
 
+#: A stop signal this soon after the first is the same stop delivered twice: a signal to the
+#: whole process group (``timeout``, ``kill -- -PGID``, systemd) reaches the spawning parent
+#: twice from ``timeout`` and a spawned rank twice (the group's and the parent's forward).
+REPEATED_SIGNAL_S = 1.0
+
+
+class _StopSignals:
+    """The stop signals a process has had: the first asks for a stop after the step; another,
+    :data:`REPEATED_SIGNAL_S` or more later, for a stop at once."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def is_first(self) -> bool:
+        """Whether this signal is the first; raises KeyboardInterrupt if it is a later, second stop."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            return True
+        if now - self.first >= REPEATED_SIGNAL_S:
+            raise KeyboardInterrupt
+        return False
+
+
 @contextlib.contextmanager
 def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...]):
     """``signals`` ask the rank to stop after its step (with a final checkpoint) instead of
-    killing it; a second one stops it at once. Only in the main thread (a test may call
-    :func:`learn` from another)."""
+    killing it; a second one stops it at once (:class:`_StopSignals`). Only in the main
+    thread (a test may call :func:`learn` from another)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signals_seen = _StopSignals()
 
     def handler(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
+        signals_seen.is_first()
         stop.set()
 
     old = {sig: signal.signal(sig, handler) for sig in signals}
@@ -982,17 +1006,16 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
 @contextlib.contextmanager
 def _forward_stop(processes: Sequence):
     """The spawning parent's SIGTERM or SIGINT becomes one SIGTERM to each rank (which stop
-    together after a step, with a checkpoint); a second signal interrupts the parent, whose
-    ``spawn`` context then kills the ranks."""
+    together after a step, with a checkpoint); a second signal (:class:`_StopSignals`)
+    interrupts the parent, whose ``spawn`` context then kills the ranks."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    asked = threading.Event()
+    signals_seen = _StopSignals()
 
     def handler(signum, frame):
-        if asked.is_set():
-            raise KeyboardInterrupt
-        asked.set()
+        if not signals_seen.is_first():
+            return
         for process in processes:
             if process.is_alive():
                 with contextlib.suppress(OSError):
