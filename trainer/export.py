@@ -449,13 +449,19 @@ def _compare(
     for name, arr in zip(names, got_all):
         if arr.dtype != np.float32:
             raise ValueError(f"{name} is {arr.dtype}, the contract says float32")
+    return parity_numbers(got_all, ref_all, masks)
+
+
+def parity_numbers(got_all: Sequence[np.ndarray], ref_all: Sequence[np.ndarray], masks: np.ndarray | None) -> dict:
+    """How far the outputs ``got_all`` (policy, wdl[, mlh]) are from ``ref_all``, in the terms
+    of :class:`ParityBounds`; ``masks`` (bool [N,1858]) limits the best-move agreement to legal moves."""
     policy, wdl = got_all[0], got_all[1]
     ref_policy, ref_wdl = ref_all[0], ref_all[1]
     if masks is None:
         masks = np.ones_like(policy, dtype=bool)
     agree = np.where(masks, policy, -np.inf).argmax(1) == np.where(masks, ref_policy, -np.inf).argmax(1)
     result = {
-        "positions": int(len(planes)),
+        "positions": int(len(policy)),
         "policy_max_abs_diff": float(np.abs(policy - ref_policy).max()),
         "wdl_max_abs_diff": float(np.abs(wdl - ref_wdl).max()),
         "mlh_max_abs_diff": None,
@@ -463,13 +469,14 @@ def _compare(
         "mlh_scale": None,
         "policy_argmax_agreement": float(agree.mean()),
     }
-    if len(names) == 3:
+    if len(got_all) == 3:
         result["mlh_max_abs_diff"] = float(np.abs(got_all[2] - ref_all[2]).max())
         result["mlh_scale"] = float(np.abs(ref_all[2]).max())
     return result
 
 
-def _parity_failures(numbers: dict, bounds: ParityBounds) -> list[str]:
+def parity_failures(numbers: dict, bounds: ParityBounds) -> list[str]:
+    """What in :func:`parity_numbers` is outside ``bounds`` (an empty list: within them)."""
     def limit(bound, scale):
         return bound * max(1.0, scale) if scale is not None else bound
 
@@ -554,7 +561,7 @@ def export_onnx(
         outputs={v.name: _shape(v) for v in proto.graph.output},
         bounds=dataclasses.asdict(bounds), seconds=0.0, **numbers,
     )
-    failures = _parity_failures(numbers, bounds)
+    failures = parity_failures(numbers, bounds)
     if failures:
         report.seconds = time.perf_counter() - start
         raise ExportParityError(f"{variant} export of {path} disagrees with PyTorch: " + "; ".join(failures), report)
@@ -611,5 +618,5 @@ def export_variants(
 __all__: Sequence[str] = [
     "VARIANTS", "PARITY_BOUNDS", "ParityBounds",
     "ExportReport", "ExportParityError", "export_onnx", "export_variants", "torch_to_onnx",
-    "to_fp16", "to_int8", "sample_positions", "variant_path",
+    "to_fp16", "to_int8", "sample_positions", "variant_path", "parity_numbers", "parity_failures",
 ]
