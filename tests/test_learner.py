@@ -408,6 +408,19 @@ def test_a_rank_that_dies_takes_the_group_down_with_a_clear_message(tmp_path, mo
     assert list_checkpoints(run)[-1][0] == 6
 
 
+def test_a_rank_that_crashes_natively_leaves_its_python_stack_beside_the_failure(tmp_path, one_thread):
+    """A rank killed by a native abort (a C++ terminate, say) cannot raise: the parent names the
+    signal, and the rank's own stack on stderr says where it was."""
+    run = make_run(tmp_path / "run")
+    proc = subprocess.run([sys.executable, "-m", "trainer.cli", "learn", run, "--devices", "cpu:2", "--steps", "6",
+                           "--no-progress"], cwd=REPO, env={**one_thread, EXIT_HOOK_ENV: "1:3:abort"},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 1 was killed by SIGABRT" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    dump = proc.stderr[proc.stderr.index("Fatal Python error: Aborted"):]
+    assert "in _die" in dump and "in run" in dump, proc.stderr
+
+
 def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

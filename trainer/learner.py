@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import faulthandler
 import io
 import json
 import math
@@ -73,7 +74,8 @@ TENSORBOARD_DIR = "tensorboard"
 LOCK_FILE = "learner.lock"
 CHECKPOINT_FORMAT = 1
 #: Fault injection for the tests: "RANK:STEP" makes that rank exit with code 3 right after that
-#: step, "RANK:STEP:kill" makes it SIGKILL itself there (no cleanup of any kind).
+#: step, "RANK:STEP:kill" makes it SIGKILL itself there (no cleanup of any kind), and
+#: "RANK:STEP:abort" makes it abort as a native crash would.
 EXIT_HOOK_ENV = "CYZERO_LEARNER_TEST_EXIT"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _EXPORT_CHECK_POSITIONS = 64
@@ -797,18 +799,21 @@ def _fmt_val(score: dict | None) -> str:
     return ", val " + " ".join(f"{k} {v:.4g}" for k, v in score.items())
 
 
-def _exit_hook(rank: int) -> tuple[int, bool] | None:
-    """(step, by SIGKILL) at which this rank is to die, from :data:`EXIT_HOOK_ENV`."""
+def _exit_hook(rank: int) -> tuple[int, str] | None:
+    """(step, how) at which this rank is to die, from :data:`EXIT_HOOK_ENV` ("RANK:STEP" exits
+    with code 3; "RANK:STEP:kill" and "RANK:STEP:abort" end it by SIGKILL and by a native abort)."""
     spec = os.environ.get(EXIT_HOOK_ENV, "")
-    match = re.fullmatch(r"(\d+):(\d+)(:kill)?", spec.strip())
+    match = re.fullmatch(r"(\d+):(\d+)(?::(kill|abort))?", spec.strip())
     if match and int(match.group(1)) == rank:
-        return int(match.group(2)), bool(match.group(3))
+        return int(match.group(2)), match.group(3) or "exit"
     return None
 
 
-def _die(kill: bool) -> None:
-    if kill:
+def _die(how: str) -> None:
+    if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "abort":
+        os.abort()
     os._exit(3)
 
 
@@ -993,7 +998,10 @@ def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...]):
 
 def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     """``spawn``'s entry: rank ``local`` of ``world``; its log lines go to the parent through
-    ``lines`` (a queue); a non-zero return becomes the exit code."""
+    ``lines`` (a queue); a non-zero return becomes the exit code. A rank that dies by a signal
+    (a native abort or crash) dumps every thread's Python stack to stderr first, so the parent's
+    one-line failure has a stack beside it to say where."""
+    faulthandler.enable(all_threads=True)
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
