@@ -23,8 +23,11 @@ import chess
 import chess.pgn
 import pytest
 
+import numpy as np
+
 from uci import cli
 from engine.tools import match as m
+from engine.tools import sprt
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,6 +117,122 @@ def test_time_control_parsing():
     for bad in ["", "fast", "10+", "-5", "0+1"]:
         with pytest.raises(m.MatchError):
             m.TimeControl.parse(bad)
+
+
+# --------------------------------------------------------------------------- the SPRT
+
+
+def _loglik_max(counts, scores, s):
+    """max of sum n_i log q_i over distributions q on ``scores`` with mean ``s``: Newton's method on
+    the primal problem (steps inside the plane sum q = 1, sum q a = s), independent of the
+    one-dimensional dual equation that engine.tools.sprt solves."""
+    n, a = np.array(counts, float), np.array(scores, float)
+    z = np.linalg.svd(np.vstack([np.ones_like(a), a]))[2][2:].T   # a basis of the constraints' null space
+    high = (s - 0.05) / 0.9
+    q = np.full_like(a, 0.1 / len(a))                               # inside the simplex, mean s
+    q[np.argmin(a)] += 0.9 * (1.0 - high)
+    q[np.argmax(a)] += 0.9 * high
+    f = lambda q: float(np.sum(n * np.log(q)))                      # noqa: E731
+    for _ in range(100):
+        g, h = z.T @ (n / q), z.T @ np.diag(-n / q**2) @ z
+        step = z @ np.linalg.solve(h, -g)
+        t = 1.0
+        while np.any(q + t * step <= 0) or f(q + t * step) < f(q) - 1e-12:
+            t /= 2
+        q = q + t * step
+    assert abs(q.sum() - 1) < 1e-9 and abs(q @ a - s) < 1e-9
+    return f(q)
+
+
+def _reference_llr(counts, elo0, elo1):
+    """The LLR from its definition: pseudo-count 1e-3 in empty cells, profile likelihoods at the two scores."""
+    scores = [1.0, 0.5, 0.0] if len(counts) == 3 else [0.0, 0.25, 0.5, 0.75, 1.0]
+    counts = [c if c > 0 else 1e-3 for c in counts]
+    s0, s1 = (1.0 / (1.0 + 10.0 ** (-e / 400.0)) for e in (elo0, elo1))
+    return _loglik_max(counts, scores, s1) - _loglik_max(counts, scores, s0)
+
+
+@pytest.mark.parametrize("wdl,elo", [
+    ((10, 20, 5), (0.0, 30.0)),
+    ((120, 260, 100), (0.0, 5.0)),
+    ((3, 0, 7), (-10.0, 20.0)),
+    ((0, 12, 0), (0.0, 30.0)),
+    ((4, 0, 0), (0.0, 30.0)),
+    ((1000, 1500, 950), (0.0, 10.0)),
+])
+def test_trinomial_llr_matches_a_direct_maximisation(wdl, elo):
+    assert sprt.llr(*wdl, *elo) == pytest.approx(_reference_llr(wdl, *elo), rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("counts,elo", [
+    ((1, 3, 8, 5, 2), (0.0, 30.0)),
+    ((0, 0, 0, 0, 6), (0.0, 200.0)),
+    ((4, 0, 1, 0, 0), (-10.0, 20.0)),
+    ((0, 7, 0, 9, 0), (0.0, 10.0)),
+    ((120, 900, 2100, 950, 130), (0.0, 5.0)),
+])
+def test_pentanomial_llr_matches_a_direct_maximisation(counts, elo):
+    assert sprt.llr_pentanomial(counts, *elo) == pytest.approx(_reference_llr(counts, *elo), rel=1e-6, abs=1e-6)
+
+
+def test_llr_reproduces_fastchess_published_values():
+    # fastchess's SPRT tests ("logistic" model), to their two decimals. Its Stats(W, L, D) and
+    # Stats(LL, LD, WL, DD, WD, WW): WL and DD share the middle pentanomial cell.
+    assert sprt.llr(21404, 40708, 21184, 0.5, 2.5) == pytest.approx(-1.57, abs=0.005)
+    assert sprt.llr(57433, 106593, 57030, 0.0, 2.0) == pytest.approx(-2.59, abs=0.005)
+    assert sprt.llr_pentanomial((223, 9863, 20279 + 1000, 10037, 246), 0.5, 2.5) == pytest.approx(-3.07, abs=0.005)
+    assert sprt.llr_pentanomial((871, 26175, 55003 + 980, 26678, 821), 0.0, 2.0) == pytest.approx(-4.98, abs=0.005)
+
+
+@pytest.mark.parametrize("counts", [(1100, 1500, 950), (871, 26175, 55983, 26678, 821)])
+def test_llr_is_close_to_fishtests_normal_approximation(counts):
+    # fishtest's classic approximation for many games (or pairs): LLR ~ N/2 (s1 - s0)(2 mean - s0 - s1) / var
+    values = [1.0, 0.5, 0.0] if len(counts) == 3 else [0.0, 0.25, 0.5, 0.75, 1.0]
+    n = sum(counts)
+    mean = sum(c * v for c, v in zip(counts, values)) / n
+    var = sum(c * (v - mean) ** 2 for c, v in zip(counts, values)) / n
+    s0, s1 = 0.5, 1.0 / (1.0 + 10.0 ** (-10.0 / 400.0))
+    approx = 0.5 * n * (s1 - s0) * (2 * mean - s0 - s1) / var
+    value = sprt.llr(*counts, 0.0, 10.0) if len(counts) == 3 else sprt.llr_pentanomial(counts, 0.0, 10.0)
+    assert value == pytest.approx(approx, rel=0.02)
+
+
+def test_llr_signs_symmetry_and_bad_input():
+    assert sprt.llr(0, 0, 0, 0.0, 30.0) == 0.0 and sprt.llr_pentanomial((0,) * 5, 0.0, 30.0) == 0.0
+    assert sprt.llr(30, 10, 5, 0.0, 30.0) > 0 > sprt.llr(5, 10, 30, 0.0, 30.0)
+    assert sprt.llr_pentanomial((0, 1, 2, 5, 4), 0.0, 30.0) > 0 > sprt.llr_pentanomial((4, 5, 2, 1, 0), 0.0, 30.0)
+    # swapping the two sides with the hypotheses mirrored (-elo1, -elo0) gives the same LLR, negated
+    assert sprt.llr(7, 9, 3, 0.0, 30.0) == pytest.approx(-sprt.llr(3, 9, 7, -30.0, 0.0), rel=1e-9)
+    assert sprt.llr_pentanomial((1, 2, 6, 3, 2), 0.0, 30.0) == pytest.approx(
+        -sprt.llr_pentanomial((2, 3, 6, 2, 1), -30.0, 0.0), rel=1e-9)
+    with pytest.raises(ValueError, match="elo1 must be above elo0"):
+        sprt.llr(1, 1, 1, 30.0, 0.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        sprt.llr(-1, 1, 1, 0.0, 30.0)
+    with pytest.raises(ValueError, match="5 numbers"):
+        sprt.llr_pentanomial((1, 2, 3), 0.0, 30.0)
+
+
+def test_sprt_bounds_are_walds():
+    lower, upper = sprt.sprt_bounds(0.05, 0.05)
+    assert lower == pytest.approx(-2.944439, abs=1e-6) and upper == pytest.approx(2.944439, abs=1e-6)
+    lower, upper = sprt.sprt_bounds(0.05, 0.1)
+    assert lower == pytest.approx(math.log(0.1 / 0.95)) and upper == pytest.approx(math.log(0.9 / 0.05))
+    for alpha, beta in [(0.0, 0.05), (0.05, 1.0), (0.6, 0.5)]:
+        with pytest.raises(ValueError):
+            sprt.sprt_bounds(alpha, beta)
+    assert sprt.verdict(upper, lower, upper) == "H1" and sprt.verdict(lower, lower, upper) == "H0"
+    assert sprt.verdict(0.0, lower, upper) is None
+
+
+def test_elo_bounds_parse_or_say_what_is_wrong():
+    assert sprt.parse_elo_bounds("0,10") == (0.0, 10.0)
+    assert sprt.parse_elo_bounds(" -5 , 2.5 ") == (-5.0, 2.5)
+    for text, message in [("5", "ELO0,ELO1"), ("0,10,20", "ELO0,ELO1"), ("a,b", "ELO0,ELO1"), (",", "ELO0,ELO1"),
+                          ("10,0", "ELO1 must be above ELO0"), ("5,5", "ELO1 must be above ELO0"),
+                          ("0,9000", "within"), ("0,inf", "within")]:
+        with pytest.raises(ValueError, match=message):
+            sprt.parse_elo_bounds(text)
 
 
 # --------------------------------------------------------------------------- openings
@@ -429,6 +548,99 @@ def test_cli_errors_are_one_line_and_status_2(fake, capsys):
         assert cli.main(["match", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("cyzero match: ") and message in err, err
+
+
+# --------------------------------------------------------------------------- matches under an SPRT
+
+
+def _pairs_to_decide(counts_of, elo0, elo1, bound):
+    """The fewest finished pairs for which the LLR of ``counts_of(n)`` reaches ``bound`` (its sign says which way)."""
+    return next(n for n in range(1, 1000)
+                if (sprt.llr_pentanomial(counts_of(n), elo0, elo1) - bound) * math.copysign(1, bound) >= 0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+@pytest.mark.parametrize("engine1_wins", [True, False], ids=["H1", "H0"])
+def test_an_sprt_stops_the_match_as_soon_as_it_decides(fake, tmp_path, engine1_wins, concurrency):
+    # The random mover beats the illegal mover in every game (every pair scores 2 or 0), so with
+    # [0, 200] the test must decide at the first pair count whose LLR leaves the bounds.
+    strong, weak = fake("random"), fake("illegal")
+    test = sprt.Sprt(0.0, 200.0)
+    lower, upper = test.bounds
+    if engine1_wins:
+        n = _pairs_to_decide(lambda k: (0, 0, 0, 0, k), 0.0, 200.0, upper)
+        e1, e2, decision = strong, weak, "H1"
+    else:
+        n = _pairs_to_decide(lambda k: (k, 0, 0, 0, 0), 0.0, 200.0, lower)
+        e1, e2, decision = weak, strong, "H0"
+    assert 3 <= n <= 10   # so that the match below stops long before its 60 games
+    pgn = tmp_path / "out.pgn"
+    lines = []
+    result = m.run_match(_config(e1, e2, games=60, concurrency=concurrency, sprt=test, pgn_path=str(pgn)), lines.append)
+    s = m.summary(result)
+    state = s["sprt"]
+    assert state["decision"] == decision and state["pairs"] == n
+    assert state["llr"] == sprt.llr_pentanomial(s["pentanomial"], 0.0, 200.0)
+    assert (state["lower"], state["upper"]) == (lower, upper) and (state["elo0"], state["elo1"]) == (0.0, 200.0)
+    assert s["pentanomial"] == ([0, 0, 0, 0, n] if engine1_wins else [n, 0, 0, 0, 0])
+    if concurrency == 1:
+        assert (s["games"], s["games_abandoned"]) == (2 * n, 0)
+    else:
+        # the other worker's game is under way (abandoned) or has just finished without its pair
+        assert 2 * n <= s["games"] <= 2 * n + 1 and s["games_abandoned"] <= 1
+    assert len(result.games) == s["games"] and len(_read_pgn(pgn)) == s["games"]
+    assert sum(1 for line in lines if re.match(r"\[ ?\d+/60\] game", line)) == s["games"]
+    assert any(line.startswith(f"SPRT: {decision} accepted after {s['games']} of 60 games") for line in lines)
+    text = m.format_summary(result)
+    assert f"{decision} accepted" in text and f"{s['games']} of 60 games played" in text
+
+
+def test_games_still_bound_an_sprt_match_and_it_says_inconclusive(fake, capsys):
+    # One side wins every game, but [0, 10] needs far more than two pairs and a half to decide.
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("illegal"), "--games", "5", "--tc", "2+0",
+            "--sprt", "0,10", "--sprt-alpha", "0.1", "--sprt-beta", "0.2", "--seed", "1", "--json"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["games"], data["games_abandoned"], data["wins"]) == (5, 0, 5)
+    state = data["sprt"]
+    assert state["decision"] == "inconclusive" and state["pairs"] == 2   # the fifth game has no pair
+    assert state["llr"] == pytest.approx(sprt.llr_pentanomial((0, 0, 0, 0, 2), 0.0, 10.0))
+    assert (state["lower"], state["upper"]) == pytest.approx((math.log(0.2 / 0.9), math.log(0.8 / 0.1)))
+    assert (state["elo0"], state["elo1"], state["alpha"], state["beta"]) == (0.0, 10.0, 0.1, 0.2)
+    assert state["lower"] < state["llr"] < state["upper"]
+    # and the table says so
+    assert cli.main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"SPRT \[\+0\.0, \+10\.0\] \(alpha 0\.1, beta 0\.2\), pentanomial over 2 pairs: LLR \+\d\.\d\d "
+                     r"in \[-1\.50, \+2\.08\]: inconclusive \(5 of 5 games played\)", out), out
+
+
+def test_without_sprt_the_json_says_so(fake, capsys):
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("illegal"), "--games", "2", "--tc", "2+0", "--json"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["sprt"] is None and data["games_abandoned"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sprt", "5"], "argument --sprt: expected ELO0,ELO1"),
+    (["--sprt", "10,0"], "argument --sprt: ELO1 must be above ELO0"),
+    (["--sprt", "0,10,20"], "argument --sprt: expected ELO0,ELO1"),
+    (["--sprt", "0,10", "--sprt-alpha", "0"], "argument --sprt-alpha: must be a probability above 0 and below 0.5"),
+    (["--sprt", "0,10", "--sprt-beta", "x"], "argument --sprt-beta: must be a probability"),
+])
+def test_bad_sprt_arguments_are_argparse_errors(fake, capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["match", "--engine1", fake("random"), "--engine2", fake("random"), *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and message in err, err
+
+
+def test_sprt_rates_need_sprt(fake, capsys):
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("random"), "--sprt-alpha", "0.1"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == "cyzero match: --sprt-alpha and --sprt-beta need --sprt ELO0,ELO1\n"
 
 
 # --------------------------------------------------------------------------- stockfish

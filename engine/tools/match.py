@@ -26,6 +26,10 @@ python-chess's asyncio engine API:
   atomically (temp file, fsync, rename) at the end;
 - an optional early end (``MatchConfig.on_game`` / ``should_stop``), which the
   trainer's SPRT gating uses to stop once its test is decided;
+- an optional SPRT (``--sprt ELO0,ELO1``, :mod:`engine.tools.sprt`): the GSPRT on the
+  pentanomial counts of the finished pairs, after every game; the match stops as soon as it
+  accepts H1 (engine1 is ELO1 stronger) or H0 (ELO0), and games under way then are abandoned
+  (counted, not scored). When ``games`` runs out first, the test is "inconclusive";
 - a summary: W/L/D from engine1's view, score, Elo difference with a 95%
   interval (trinomial model), LOS, failure counts per engine, time taken.
 
@@ -57,6 +61,8 @@ from typing import Callable, Iterable, Optional
 import chess
 import chess.engine
 import chess.pgn
+
+from engine.tools.sprt import Sprt, parse_elo_bounds
 
 OPENINGS_PATH = Path(__file__).with_name("openings.txt")
 STOCKFISH_FALLBACK = "/usr/games/stockfish"  # Debian installs it outside the usual PATH
@@ -162,6 +168,26 @@ def pair_stats(games: Iterable["GameRecord"]) -> PairStats:
     se = math.sqrt(var / n)
     return PairStats(tuple(counts), n, mu, se, elo_from_score(mu), elo_from_score(mu - 1.96 * se),
                      elo_from_score(mu + 1.96 * se))
+
+
+def sprt_state(games: Iterable["GameRecord"], test: Sprt) -> dict:
+    """The SPRT over the finished pairs of ``games`` (pentanomial): its settings, ``llr``, the
+    ``lower``/``upper`` bounds, and ``decision``: "H1", "H0" or "inconclusive" (no bound reached)."""
+    ps = pair_stats(games)
+    value = test.llr_pentanomial(ps.counts)
+    lower, upper = test.bounds
+    return {
+        "elo0": test.elo0,
+        "elo1": test.elo1,
+        "alpha": test.alpha,
+        "beta": test.beta,
+        "model": "pentanomial",
+        "pairs": ps.pairs,
+        "llr": value,
+        "lower": lower,
+        "upper": upper,
+        "decision": test.verdict(value) or "inconclusive",
+    }
 
 
 # --------------------------------------------------------------------------- time controls
@@ -623,6 +649,8 @@ class MatchConfig:
     # ends the match: no game starts after it, games under way are abandoned (not in the result).
     on_game: Optional[Callable[["GameRecord"], bool]] = None
     should_stop: Optional[Callable[[], bool]] = None
+    # Stop as soon as this SPRT decides (pentanomial, over finished pairs), in the same way.
+    sprt: Optional[Sprt] = None
 
 
 @dataclass
@@ -635,6 +663,7 @@ class MatchResult:
     seed: int
     seconds: float
     notes: list
+    abandoned: int = 0  # games started but not finished: under way when the match was stopped early
 
 
 def _score_text(pov_score: Optional[chess.engine.Score]) -> str:
@@ -661,7 +690,9 @@ class _Match:
         self.wld = [0, 0, 0]
         self.names = ("engine1", "engine2")
         self.started = False  # engines up, games under way
-        self.stopping = False  # on_game or should_stop ended the match
+        self.stopping = False  # on_game, should_stop or the SPRT ended the match
+        self.games_started = 0
+        self.sprt_decision: Optional[str] = None  # "H1" or "H0" once the SPRT has decided
 
     def note(self, text: str) -> None:
         if text not in self._notes:
@@ -815,6 +846,14 @@ class _Match:
         self.records[record.index] = record
         s = record.engine1_score()
         self.wld[0 if s == 1.0 else 1 if s == 0.0 else 2] += 1
+        test = self.config.sprt
+        sprt_text = ""
+        if test is not None:
+            state = sprt_state(self.records.values(), test)
+            lower, upper = test.bounds
+            sprt_text = f" | LLR {state['llr']:+.2f} [{lower:+.2f}, {upper:+.2f}]"
+            if state["decision"] != "inconclusive":
+                self.sprt_decision = state["decision"]
         if self.progress:
             w, l, d = self.wld
             total = self.config.games
@@ -822,7 +861,7 @@ class _Match:
                 f"[{len(self.records):>{len(str(total))}}/{total}] game {record.index + 1}: "
                 f"{record.white} - {record.black} {record.result} ({record.reason}, "
                 f"{len(record.opening.moves) + len(record.moves)} plies, {record.seconds:.1f} s) | "
-                f"{self.names[0]} +{w} -{l} ={d}"
+                f"{self.names[0]} +{w} -{l} ={d}{sprt_text}"
             )
         if self.config.pgn_path:
             with open(self.config.pgn_path, "a", encoding="utf-8") as f:
@@ -879,6 +918,7 @@ class _Match:
                     if cfg.should_stop is not None and cfg.should_stop():
                         return stop()
                     index, opening, engine1_white = queue.pop()
+                    self.games_started += 1
                     try:
                         record = await self.play_game(index, opening, engine1_white, pair)
                     except asyncio.CancelledError:
@@ -888,7 +928,13 @@ class _Match:
                     if self.stopping:
                         return
                     self.finished(record)
-                    if cfg.on_game is not None and cfg.on_game(record):
+                    done = cfg.on_game is not None and cfg.on_game(record)
+                    if self.sprt_decision is not None:
+                        running = self.games_started - len(self.records)
+                        self.note(f"SPRT: {self.sprt_decision} accepted after {len(self.records)} of {cfg.games} games"
+                                  + (f"; {running} under way abandoned" if running else ""))
+                        done = True
+                    if done:
                         return stop()
 
             async def watch():
@@ -928,6 +974,7 @@ class _Match:
             seed=self.seed,
             seconds=time.monotonic() - self.t0,
             notes=list(self._notes),
+            abandoned=self.games_started - len(games),
         )
 
 
@@ -1088,6 +1135,7 @@ def summary(result: MatchResult) -> dict:
         "engine2": engines[1],
         "games": len(games),
         "games_scheduled": cfg.games,
+        "games_abandoned": result.abandoned,
         "wins": w,
         "losses": l,
         "draws": d,
@@ -1111,6 +1159,7 @@ def summary(result: MatchResult) -> dict:
         "pgn": cfg.pgn_path,
         "total_seconds": round(result.seconds, 2),
         "notes": result.notes,
+        "sprt": None if cfg.sprt is None else sprt_state(games, cfg.sprt),
     }
 
 
@@ -1120,6 +1169,21 @@ def _elo_text(x: Optional[float]) -> str:
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
     return f"{x:+.1f}"
+
+
+def _sprt_text(sprt: dict, name1: str, s: dict) -> str:
+    """The SPRT line of the summary: its test, LLR, bounds, decision and where the match stopped."""
+    elo0, elo1 = _elo_text(sprt["elo0"]), _elo_text(sprt["elo1"])
+    head = (f"SPRT [{elo0}, {elo1}] (alpha {sprt['alpha']:g}, beta {sprt['beta']:g}), pentanomial over "
+            f"{sprt['pairs']} pairs: LLR {sprt['llr']:+.2f} in [{sprt['lower']:+.2f}, {sprt['upper']:+.2f}]: ")
+    played = f"{s['games']} of {s['games_scheduled']} games played"
+    if s["games_abandoned"]:
+        played += f", {s['games_abandoned']} under way abandoned"
+    decision = sprt["decision"]
+    if decision == "inconclusive":
+        return head + f"inconclusive ({played})"
+    accepted, rejected = (elo1, elo0) if decision == "H1" else (elo0, elo1)
+    return head + f"{decision} accepted, {name1} is {accepted} Elo rather than {rejected} ({played})"
 
 
 def format_summary(result: MatchResult) -> str:
@@ -1157,6 +1221,9 @@ def format_summary(result: MatchResult) -> str:
             f"{name:<{width}}  {e['time_forfeits']:>13} {e['illegal_moves']:>13} {e['crashes']:>7} "
             f"{e['disconnects']:>11} {e['restarts']:>8}{over}"
         )
+    sprt = s["sprt"]
+    if sprt is not None:
+        lines += ["", _sprt_text(sprt, n1, s)]
     terms = ", ".join(f"{k} {v}" for k, v in sorted(s["terminations"].items())) or "none"
     lines += ["", f"terminations: {terms}", f"total time {s['total_seconds']:.1f} s"]
     if s["pgn"]:
@@ -1210,6 +1277,14 @@ def config_from_args(args: argparse.Namespace) -> MatchConfig:
         raise MatchError(f"--handshake-timeout must be above 0 seconds, got {args.handshake_timeout:g}")
     if args.adjudicate_moves < 0:
         raise MatchError("--adjudicate-moves must be 0 (never) or more")
+    sprt = None
+    if args.sprt is not None:
+        elo0, elo1 = args.sprt
+        alpha = args.sprt_alpha if args.sprt_alpha is not None else 0.05
+        beta = args.sprt_beta if args.sprt_beta is not None else 0.05
+        sprt = Sprt(elo0, elo1, alpha, beta)
+    elif args.sprt_alpha is not None or args.sprt_beta is not None:
+        raise MatchError("--sprt-alpha and --sprt-beta need --sprt ELO0,ELO1")
     openings = load_openings(args.openings) if args.openings else load_openings()
     return MatchConfig(
         engine1=e1,
@@ -1228,6 +1303,7 @@ def config_from_args(args: argparse.Namespace) -> MatchConfig:
         nodes_guard=args.nodes_guard,
         handshake_timeout=args.handshake_timeout,
         event=args.event,
+        sprt=sprt,
     )
 
 
@@ -1237,6 +1313,25 @@ class _QuietInfoLines(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Unexpected engine output: 'info" not in record.getMessage()
+
+
+def _sprt_elos(text: str) -> tuple:
+    """argparse type of --sprt: ``ELO0,ELO1``."""
+    try:
+        return parse_elo_bounds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sprt_rate(text: str) -> float:
+    """argparse type of --sprt-alpha / --sprt-beta: a probability above 0 and below 0.5."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0.0 < rate < 0.5:
+        raise argparse.ArgumentTypeError(f"must be a probability above 0 and below 0.5 (e.g. 0.05), got {text!r}")
+    return rate
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -1272,7 +1367,22 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "controls also give it --engine2-option 'Move Overhead=100': Stockfish 15.1 at limited "
         "strength can overrun a clock of a fraction of a second",
     )
-    match.add_argument("--games", type=int, default=20, metavar="N", help="games to play (default 20)")
+    match.add_argument("--games", type=int, default=20, metavar="N",
+                       help="games to play (default 20); with --sprt, the most it plays")
+    match.add_argument(
+        "--sprt",
+        type=_sprt_elos,
+        metavar="ELO0,ELO1",
+        help="stop as soon as a sequential probability ratio test (GSPRT, logistic Elo, pentanomial "
+        "over the finished pairs) decides between H0: engine1 is ELO0 Elo stronger and H1: it is "
+        "ELO1 stronger (e.g. 0,10; a negative ELO0 is written --sprt=-5,5); if --games runs out "
+        "first the result is inconclusive. With --concurrency, games under way when it decides "
+        "are abandoned",
+    )
+    match.add_argument("--sprt-alpha", type=_sprt_rate, metavar="P",
+                       help="the SPRT's chance of accepting H1 when H0 holds (default 0.05)")
+    match.add_argument("--sprt-beta", type=_sprt_rate, metavar="P",
+                       help="the SPRT's chance of accepting H0 when H1 holds (default 0.05)")
     limit = match.add_mutually_exclusive_group()
     limit.add_argument(
         "--tc", default="10+0.1", metavar="BASE+INC", help="clock: base seconds + increment (default 10+0.1)"
