@@ -48,13 +48,26 @@ copies them to the GPU inside ``Run``) and the outputs to host memory (it
 copies them back before ``Run`` returns), through the same code path the CPU
 uses, so the binding code is exercised by the CPU tests too.
 
+Fixed shapes on a GPU
+---------------------
+ONNX Runtime's CUDA provider re-plans whenever a session's input shape
+changes (on an H100: 336 positions/s fed random batch sizes, 57,774 with one
+session per fixed size).  So on CUDA and TensorRT the network keeps one
+session per size in :attr:`Network.batch_sizes`, each fed only its own shape,
+pads every batch to the smallest size that holds it (:meth:`Network.padded`),
+and runs every size once when it is loaded: a swap builds and warms the new
+network before it replaces the old one, so no search ever waits for a plan.
+The CPU provider keeps one session and variable shapes, which cost nothing
+there.  Sessions come from a factory (``engine.sessions``), which a stand-in
+for a GPU replaces in tests and benchmarks.
+
 Threads and the GIL
 -------------------
 :meth:`Network.evaluate` holds no Python lock: each call binds its own
 buffers (a fresh ONNX Runtime ``IOBinding``) and ONNX Runtime's ``Run`` is
 thread-safe and releases the GIL while it computes, so the search thread,
 a UCI reader and any number of evaluator threads never wait on each other in
-Python.  The session is created once and never changed; to swap networks,
+Python.  The sessions are created once and never changed; to swap networks,
 make a new :class:`Network` and drop the old one.
 
 Importing this module is cheap: ``onnxruntime`` is imported on first use,
@@ -66,22 +79,34 @@ as external data beside it are loaded from its folder but not hashed.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import glob
 import hashlib
 import logging
 import os
-import re
 import threading
 from typing import Callable, Sequence
 
 import numpy as np
 
 from engine.encoding import PLANES, POLICY_SIZE
+from engine.sessions import (
+    BACKENDS,
+    CPU,
+    CUDA,
+    LABEL,
+    TENSORRT,
+    NetworkError,
+    OrtSessionFactory,
+    available_providers,
+    open_session,
+    short_ort_message,
+)
 
 __all__ = [
     "BACKENDS",
+    "CPU",
+    "CUDA",
+    "TENSORRT",
+    "fixed_batch_sizes",
     "available_providers",
     "INPUT_NAME",
     "MLH_NAME",
@@ -101,198 +126,23 @@ WDL_NAME = "/output/wdl"
 MLH_NAME = "/output/mlh"
 INPUT_SHAPE = (PLANES, 8, 8)  # after the batch dimension
 
-BACKENDS = ("auto", "cpu", "cuda", "tensorrt")
-
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-TENSORRT = "TensorrtExecutionProvider"
-_LABEL = {CPU: "CPU", CUDA: "CUDA", TENSORRT: "TensorRT"}
-_LIBRARY_STEM = {CUDA: "cuda", TENSORRT: "tensorrt"}
-
-# ONNX Runtime logging severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
-_QUIET = (
-    3  # our standing level: no warnings (e.g. "some nodes were not assigned to the preferred EP")
-)
-_SILENT = 4  # while trying a GPU provider: its load failure is an ERROR line we replace by our own
+# The largest batch a network runs at once unless told otherwise.
+DEFAULT_MAX_BATCH = 256
 
 _ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 _logger = logging.getLogger(__name__)
-_silence_lock = threading.Lock()
-_ort_module = None
-_dlls_preloaded = False
 
 
-class NetworkError(ValueError):
-    """A network file cannot be used: missing, not ONNX, truncated, or not the cyzero/lc0 contract."""
-
-
-# --------------------------------------------------------------------------- onnxruntime, lazily
-
-
-def _ort():
-    """Import onnxruntime on first use and quiet its default logger (process-wide, severity ERROR)."""
-    global _ort_module
-    if _ort_module is None:
-        try:
-            import onnxruntime
-        except ImportError as e:  # pragma: no cover - onnxruntime is a hard dependency
-            raise NetworkError(
-                f"onnxruntime is not installed ({e}); pip install onnxruntime-gpu (or onnxruntime)"
-            ) from None
-        onnxruntime.set_default_logger_severity(_QUIET)
-        _ort_module = onnxruntime
-    return _ort_module
-
-
-def available_providers() -> list[str]:
-    """The execution providers this onnxruntime build lists (listed is not the same as usable)."""
-    return list(_ort().get_available_providers())
-
-
-def _preload_gpu_libraries() -> None:
-    """Load CUDA/cuDNN from pip's ``nvidia-*`` wheels, if installed, before a GPU session.
-
-    ``onnxruntime-gpu[cuda,cudnn]`` installs them, but the provider libraries
-    find them only once ``onnxruntime.preload_dlls()`` has loaded them.  That
-    function prints to stdout (the UCI channel) when something is missing, so
-    its ``print`` is shadowed inside the onnxruntime module meanwhile (not
-    ``sys.stdout``, which another thread may be writing UCI output to).  What
-    is really missing is reported by the session attempt that follows.
-    """
-    global _dlls_preloaded
-    if _dlls_preloaded:
-        return
-    _dlls_preloaded = True
-    ort = _ort()
-    if not hasattr(ort, "preload_dlls"):
-        return
-    import importlib.util
-    import warnings
-
-    try:
-        if importlib.util.find_spec("nvidia") is None:
-            return
-    except (ImportError, ValueError):
-        return
-    namespace = vars(ort)
-    had_print = "print" in namespace
-    saved = namespace.get("print")
-    namespace["print"] = lambda *args, **kwargs: None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ort.preload_dlls()
-    except Exception:  # noqa: BLE001 - best effort; the session attempt reports what is missing
-        pass
-    finally:
-        if had_print:
-            namespace["print"] = saved
-        else:
-            namespace.pop("print", None)
-
-
-@contextlib.contextmanager
-def _silenced_ort_logger():
-    """Silence ONNX Runtime's process-wide logger while trying a provider that may not load.
-
-    The logger's level is global, so two networks loading at once in
-    different threads take turns here (loading only; evaluation never does).
-    """
-    ort = _ort()
-    with _silence_lock:
-        ort.set_default_logger_severity(_SILENT)
-        try:
-            yield
-        finally:
-            ort.set_default_logger_severity(_QUIET)
-
-
-def _provider_library(provider: str) -> str | None:
-    stem = _LIBRARY_STEM.get(provider)
-    if stem is None:
-        return None
-    capi = os.path.join(os.path.dirname(_ort().__file__), "capi")
-    found = sorted(glob.glob(os.path.join(capi, f"*onnxruntime_providers_{stem}.*")))
-    return found[0] if found else None
-
-
-def _why_provider_failed(provider: str, error: BaseException | None) -> str:
-    """A short reason why a GPU provider could not be used, for the one fallback line."""
-    library = _provider_library(provider)
-    if library is None:
-        return "not built into this onnxruntime"
-    try:
-        # The same dlopen ONNX Runtime did; its error names the first missing library.
-        ctypes.CDLL(library)
-    except OSError as e:
-        text = str(e)
-        match = re.search(
-            r"([\w.+-]+\.(?:so[\w.]*|dll|dylib)): cannot open shared object file", text
-        )
-        if match:
-            missing = match.group(1)
-            hint = " (no NVIDIA driver?)" if missing.startswith("libcuda.so") else ""
-            return f"{missing} not found{hint}"
-        return _short(text)
-    if error is not None:
-        return _short_ort_message(error)
-    return "no usable GPU found"
-
-
-# --------------------------------------------------------------------------- error messages
-
-
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _strip_source_location(text: str) -> str:
-    """Drop ``/onnxruntime_src/x.cc:123 ns::Function(args...)`` prefixes from an ORT message."""
-    while True:
-        match = re.search(r"/onnxruntime_src/\S+:\d+\s*", text)
-        if not match:
-            return text
-        rest = text[match.end() :]
-        cut = 0
-        paren = rest.find("(")
-        if paren != -1 and "::" in rest[:paren]:  # a C++ signature: skip to its matching ')'
-            depth = 0
-            for i in range(paren, len(rest)):
-                if rest[i] == "(":
-                    depth += 1
-                elif rest[i] == ")":
-                    depth -= 1
-                    if depth == 0:
-                        cut = i + 1
-                        break
-        text = text[: match.start()] + rest[cut:].lstrip()
-
-
-def _short_ort_message(error: BaseException) -> str:
-    text = str(error)
-    text = re.sub(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text)
-    text = re.sub(r"^Load model from .*? failed:\s*", "", text)
-    text = _strip_source_location(text)
-    return _short(text) or type(error).__name__
-
-
-def _explain_load_error(error: BaseException) -> str:
-    """ONNX Runtime's load exception as one short sentence about the file."""
-    text = _short_ort_message(error)
-    low = text.lower()
-    ir = re.search(r"ir version:?\s*(\d+).*?max supported ir version:?\s*(\d+)", low)
-    if ir:
-        return (
-            f"the model's ONNX IR version {ir.group(1)} is newer than this onnxruntime "
-            f"supports ({ir.group(2)}); export with an older IR version or upgrade onnxruntime"
-        )
-    if "protobuf parsing failed" in low:
-        return "not an ONNX model, or a truncated or corrupt one (protobuf parsing failed)"
-    if "no graph was found" in low:
-        return "not an ONNX model (no graph in the file; is it empty?)"
-    return f"ONNX Runtime cannot load it: {text}"
+def fixed_batch_sizes(max_batch: int, sizes: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The batch sizes a GPU network runs, smallest first: ``sizes`` if given, else the powers
+    of two below ``max_batch`` and ``max_batch`` itself."""
+    if sizes is None:
+        sizes = [1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch] + [max_batch]
+    chosen = sorted({int(n) for n in sizes})
+    if not chosen or chosen[0] < 1 or any(isinstance(n, bool) for n in sizes):
+        raise NetworkError(f"batch sizes must be whole numbers >= 1, got {list(sizes)!r}")
+    return tuple(chosen)
 
 
 def _fmt_shape(shape: Sequence) -> str:
@@ -335,8 +185,18 @@ class Network:
         Inter-op threads; ``None`` for 1.  The graph runs in sequential mode.
     max_batch
         The largest batch given to ONNX Runtime at once; larger inputs to
-        :meth:`evaluate` are split into chunks of this size.  On TensorRT it
-        is also the top of the optimisation profile.
+        :meth:`evaluate` are split into chunks of this size.
+    batch_sizes
+        On a GPU provider, the fixed batch sizes, one session each (default:
+        the powers of two below ``max_batch``, and ``max_batch``); a batch is
+        padded to the smallest that holds it.  Ignored on the CPU, where
+        shapes may vary at no cost.
+    cuda_options
+        Extra CUDA provider options (see :class:`engine.sessions.OrtSessionFactory`).
+    session_factory
+        What makes the sessions (default: ONNX Runtime's); the GPU stand-in
+        ``engine.tools.gpu_standin.SimulatedGPU`` takes its place in tests
+        and benchmarks.
     log
         Called with one human-readable line for things a user should know
         (a GPU fallback).  Default: this module's ``logging`` logger, at
@@ -345,10 +205,10 @@ class Network:
         If given, the file's sha256 (hex) must match or :class:`NetworkError`
         is raised before anything is built from it.
     warmup_batch
-        After the checks, the network is run at batch 1 (always: this also
-        checks the outputs) and then at this batch size, so that the first
-        real evaluation is not slow.  ``None``: ``max_batch`` on a GPU,
-        ``min(max_batch, 32)`` on the CPU; 0 or 1: batch 1 only.
+        On the CPU, after the checks, the network is run at batch 1 (always:
+        this also checks the outputs) and then at this batch size, so that
+        the first real evaluation is not slow (``None``: ``min(max_batch,
+        32)``; 0 or 1: batch 1 only).  On a GPU every fixed size is run once.
     allow_spinning
         Let ONNX Runtime's intra-op threads spin briefly after a run (its
         default).  Turn off when the CPU is shared with a busy search thread.
@@ -364,6 +224,8 @@ class Network:
         The execution provider that runs the network, e.g. ``"CPUExecutionProvider"``.
     description : str
         A one-line summary: file name, sha256 prefix, provider, variant and input type.
+    batch_sizes : tuple of int
+        The fixed sizes the network runs (a GPU provider), or ``()``: any size (the CPU).
     sha256, path, variant, input_dtype, has_mlh, max_batch, metadata
 
     Buffers and aliasing
@@ -382,7 +244,7 @@ class Network:
         device_id: int = 0,
         intra_threads: int | None = None,
         inter_threads: int | None = None,
-        max_batch: int = 256,
+        max_batch: int = DEFAULT_MAX_BATCH,
         log: Callable[[str], object] | None = None,
         *,
         expected_sha256: str | None = None,
@@ -390,6 +252,9 @@ class Network:
         allow_spinning: bool = True,
         trt_fp16: bool = True,
         trt_cache_dir: str | os.PathLike | None = None,
+        batch_sizes: Sequence[int] | None = None,
+        cuda_options: dict | None = None,
+        session_factory=None,
     ) -> None:
         self.path = os.fspath(path)
         self.name = os.path.basename(self.path)
@@ -406,21 +271,38 @@ class Network:
         self.intra_threads = intra_threads or 0
         self.inter_threads = inter_threads or 1
         self.max_batch = max_batch
-        self._allow_spinning = allow_spinning
-        self._trt_fp16 = trt_fp16
-        self._trt_cache_dir = trt_cache_dir
-
         data = self._read(expected_sha256)
-        self._session = self._create_session(data)
-        del data
-        self.providers: list[str] = list(self._session.get_providers())
+        self._factory = session_factory or OrtSessionFactory(
+            device_id=self.device_id, intra_threads=self.intra_threads,
+            inter_threads=self.inter_threads, allow_spinning=allow_spinning,
+            folder=os.path.dirname(os.path.abspath(self.path)), trt_fp16=trt_fp16,
+            trt_cache_dir=None if trt_cache_dir is None else os.fspath(trt_cache_dir),
+            cache_key=self.sha256[:16], cuda_options=cuda_options)
+        wanted_sizes = fixed_batch_sizes(max_batch, batch_sizes)
+        # A GPU session is made for the largest size and fed only that; the contract is checked
+        # on it before any other size is made with the batch dimension fixed by name.
+        self._session = open_session(self._factory, data, backend, self.name, self._log,
+                                     batch=wanted_sizes[-1])
+        self.providers: list[str] = list(self._session.providers)
         self.provider: str = self.providers[0]
         self._check_contract()
         self.variant = self._guess_variant()
         size = self._size()
+        # On a GPU provider, one session per batch size, each fed only its own shape: ONNX
+        # Runtime's CUDA provider re-plans whenever a session's input shape changes (on an H100,
+        # 336 positions/s with shapes changing, 57,774 with one session per fixed size).
+        self.batch_sizes: tuple[int, ...] = ()
+        self._sessions: dict[int, object] = {}
+        if self.provider in (CUDA, TENSORRT):
+            self.batch_sizes = wanted_sizes
+            self.max_batch = wanted_sizes[-1]
+            self._sessions = self._make_sessions(data)
+        del data
+        self._buffers = threading.local()    # per thread: padded input and output rows by size
+        sizes = f", batch {'/'.join(map(str, self.batch_sizes))}" if self.batch_sizes else ""
         self.description = (
-            f"{self.name} sha256:{self.sha256[:12]} {_LABEL.get(self.provider, self.provider)} "
-            f"{self.variant}{' ' + size if size else ''}, {np.dtype(self.input_dtype).name} io"
+            f"{self.name} sha256:{self.sha256[:12]} {LABEL.get(self.provider, self.provider)} "
+            f"{self.variant}{' ' + size if size else ''}, {np.dtype(self.input_dtype).name} io{sizes}"
         )
         self._warm_up(warmup_batch)
 
@@ -449,124 +331,38 @@ class Network:
                 )
         return data
 
-    def _session_options(self):
-        ort = _ort()
-        so = ort.SessionOptions()
-        so.log_severity_level = _QUIET
-        so.logid = "cyzero.network"
-        so.intra_op_num_threads = self.intra_threads
-        so.inter_op_num_threads = self.inter_threads
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if self._allow_spinning else "0"
-        )
-        # The model is loaded from the bytes that were hashed; external weights (a model
-        # over 2 GB, or one saved with save_as_external_data) are found beside the file.
-        folder = os.path.dirname(os.path.abspath(self.path))
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-        return so
-
-    def _gpu_attempts(self) -> list[tuple[str, list]]:
-        """(provider wanted, provider list) for each GPU attempt, best first."""
-        if self.backend == "cpu":
-            return []
-        wanted = [TENSORRT, CUDA] if self.backend in ("auto", "tensorrt") else [CUDA]
-        if self.backend == "auto":
-            listed = set(available_providers())
-            wanted = [p for p in wanted if p in listed]
-        cuda = (CUDA, {"device_id": self.device_id})
-        return [
-            (p, [(TENSORRT, self._trt_options()), cuda, CPU] if p == TENSORRT else [cuda, CPU])
-            for p in wanted
-        ]
-
-    def _trt_options(self) -> dict:
-        shape = "x".join(str(d) for d in INPUT_SHAPE)
-        options = {
-            "device_id": self.device_id,
-            "trt_fp16_enable": self._trt_fp16,
-            "trt_profile_min_shapes": f"{INPUT_NAME}:1x{shape}",
-            "trt_profile_opt_shapes": f"{INPUT_NAME}:{self.max_batch}x{shape}",
-            "trt_profile_max_shapes": f"{INPUT_NAME}:{self.max_batch}x{shape}",
-        }
-        cache = os.fspath(
-            self._trt_cache_dir
-            or os.environ.get("CYZERO_TRT_CACHE")
-            or os.path.join(
-                os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-                "cyzero",
-                "tensorrt",
-            )
-        )
-        try:
-            # TensorRT creates the last level itself, only when it really starts, so a machine
-            # without TensorRT gets at most the (empty) parent folder.
-            os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-        except OSError:
-            return options  # no cache: TensorRT rebuilds its engine each time
-        options.update(
-            trt_engine_cache_enable=True,
-            trt_engine_cache_path=cache,
-            trt_timing_cache_enable=True,
-            trt_timing_cache_path=cache,
-        )
-        return options
-
-    def _new_session(self, data: bytes, providers: list):
-        ort = _ort()
-        # enable_fallback=0: ONNX Runtime's own fallback prints a banner to stdout (the UCI channel).
-        return ort.InferenceSession(
-            data, self._session_options(), providers=providers, enable_fallback=0
-        )
-
-    def _create_session(self, data: bytes):
-        """The session on the best usable provider; one ``log`` line if a GPU was wanted but not had.
-
-        A failed GPU attempt may be the provider's fault or the file's; the
-        CPU attempt that follows tells them apart: if the CPU cannot load the
-        file either, its error is the one reported (as a NetworkError) and no
-        fallback line is written.  A GPU attempt that ONNX Runtime quietly
-        turned into a CPU session is kept as the CPU session.
-        """
-        failures: list[str] = []  # "CUDA unavailable (reason)", joined into the one fallback line
-        cpu_session = None
-        attempts = self._gpu_attempts()
-        if attempts:
-            _preload_gpu_libraries()
-        for wanted, providers in attempts:
-            error: BaseException | None = None
-            session = None
+    def _make_sessions(self, data: bytes) -> dict[int, object]:
+        """One session per fixed batch size, on the provider the first one got."""
+        dim = self._batch_dim
+        sessions = {self.batch_sizes[-1]: self._session}
+        for size in self.batch_sizes[:-1]:
             try:
-                with _silenced_ort_logger():
-                    session = self._new_session(data, providers)
-            except Exception as e:  # noqa: BLE001 - the provider's fault or the file's; see above
-                error = e
-            got = session.get_providers()[0] if session is not None else None
-            if got != wanted:
-                failure = f"{_LABEL[wanted]} unavailable ({_why_provider_failed(wanted, error)})"
-                if failure not in failures:
-                    failures.append(failure)
-            if got in (TENSORRT, CUDA):
-                if failures:
-                    self._log("; ".join(failures) + f"; using {_LABEL[got]}")
-                return session
-            if got == CPU and session.get_providers() == [CPU]:
-                cpu_session = session
-                break  # the next GPU attempt would fail the same way (TensorRT needs CUDA too)
-        if cpu_session is None:
-            try:
-                cpu_session = self._new_session(data, [CPU])
-            except Exception as e:  # noqa: BLE001 - any load failure is a NetworkError
-                raise NetworkError(f"{self.name}: {_explain_load_error(e)}") from None
-        if failures:
-            self._log("; ".join(failures) + "; using CPU")
-        return cpu_session
+                session = self._factory.make(data, self.provider, size, dim)
+            except Exception as e:  # noqa: BLE001 - e.g. out of GPU memory
+                raise NetworkError(
+                    f"{self.name}: cannot make the batch-{size} session on "
+                    f"{LABEL[self.provider]}: {short_ort_message(e)}"
+                ) from None
+            if session.providers[0] != self.provider:
+                raise NetworkError(
+                    f"{self.name}: the batch-{size} session runs on {session.providers[0]}, "
+                    f"not {self.provider} like the others"
+                )
+            sessions[size] = session
+        return sessions
+
+    def padded(self, n: int) -> int:
+        """The batch size a call of ``n`` positions (at most ``max_batch``) really runs at: the
+        smallest fixed size that holds it on a GPU, ``n`` itself on the CPU."""
+        for size in self.batch_sizes:
+            if size >= n:
+                return size
+        return n
 
     def _check_contract(self) -> None:
         s = self._session
         where = self.name
-        inputs = s.get_inputs()
+        inputs = s.inputs
         if len(inputs) != 1:
             names = ", ".join(repr(i.name) for i in inputs) or "none"
             raise NetworkError(
@@ -598,8 +394,9 @@ class Network:
                 f"export it with a dynamic batch dimension"
             )
         self.input_dtype = _ELEMENT_TYPES[inp.type]
+        self._batch_dim = shape[0] if isinstance(shape[0], str) and shape[0] else None
 
-        outputs = {o.name: o for o in s.get_outputs()}
+        outputs = {o.name: o for o in s.outputs}
         self._output_dtypes: dict[str, type] = {}
         self._mlh_rank = 0
         for name, width, required in (
@@ -630,9 +427,8 @@ class Network:
                 self._mlh_rank = len(oshape)
             self._output_dtypes[name] = _ELEMENT_TYPES[out.type]
         self.has_mlh = MLH_NAME in self._output_dtypes
-        meta = s.get_modelmeta()
-        self.metadata: dict[str, str] = dict(meta.custom_metadata_map or {})
-        self.producer = meta.producer_name or ""
+        self.metadata: dict[str, str] = dict(s.metadata)
+        self.producer = s.producer
 
     def _size(self) -> str:
         """``"10x128"`` (blocks x filters) from a cyzero export's metadata, else ``""``."""
@@ -660,21 +456,28 @@ class Network:
         return "fp16" if self.input_dtype is np.float16 else "fp32"
 
     def _warm_up(self, warmup_batch: int | None) -> None:
-        if warmup_batch is None:
-            warmup_batch = (
-                self.max_batch if self.provider in (CUDA, TENSORRT) else min(self.max_batch, 32)
-            )
-        warmup_batch = max(1, min(int(warmup_batch), self.max_batch))
-        planes = np.zeros((warmup_batch, *INPUT_SHAPE), np.float32)
+        """Run every fixed size once (a GPU), or batch 1 and ``warmup_batch`` (the CPU), so that
+        no search ever pays for a first call; batch 1's outputs are checked."""
+        if self.batch_sizes:
+            sizes = list(self.batch_sizes)
+        else:
+            if warmup_batch is None:
+                warmup_batch = min(self.max_batch, 32)
+            sizes = sorted({1, max(1, min(int(warmup_batch), self.max_batch))})
+        planes = np.zeros((sizes[-1], *INPUT_SHAPE), np.float32)
         planes[:, PLANES - 1] = 1.0  # the all-ones plane every real position has
-        try:
-            policy, wdl, mlh = self.evaluate(planes[:1])
-            if warmup_batch > 1:
-                self.evaluate(planes)
-        except Exception as e:  # noqa: BLE001 - e.g. an output of the wrong size at run time
-            raise NetworkError(
-                f"{self.name}: the network fails on a test batch: {_short_ort_message(e)}"
-            ) from None
+        policy = wdl = None
+        for size in sizes:
+            try:
+                out_policy, out_wdl, _ = self.evaluate(planes[:size])
+            except Exception as e:  # noqa: BLE001 - an output of the wrong size, or no GPU memory
+                where = f" at batch {size}" if size > 1 else ""
+                raise NetworkError(
+                    f"{self.name}: the network fails on a test batch{where}: {short_ort_message(e)}"
+                    + (" (lower the largest batch size)" if self.batch_sizes and size > 1 else "")
+                ) from None
+            if policy is None:
+                policy, wdl = out_policy[:1], out_wdl[:1]
         if not (np.isfinite(policy).all() and np.isfinite(wdl).all()):
             raise NetworkError(
                 f"{self.name}: the network's outputs are not finite (NaN or inf) on a test batch"
@@ -776,43 +579,55 @@ class Network:
     def _run(
         self, x: np.ndarray, policy: np.ndarray, wdl: np.ndarray, mlh: np.ndarray | None
     ) -> None:
-        """One batch through the session, all buffers bound by pointer (no Python lock held).
+        """One batch through its session, all buffers bound by pointer (no Python lock held).
 
-        The input is bound from host memory; ONNX Runtime copies it to the
-        device itself on CUDA/TensorRT.  Outputs are bound to host buffers:
-        the caller's arrays when the network's outputs are float32, else
-        fresh float16 arrays that are cast afterwards.  Every slice here is a
-        C-contiguous run of rows, so its data pointer is a valid buffer.
+        On a GPU the batch is padded to its fixed size: the rows go into this thread's buffers
+        of that size (the rows past them are ignored), and the outputs come back into buffers
+        of that size, their first rows copied out. The caller's arrays are bound directly when
+        no padding and no float16 cast is needed. Every slice here is a C-contiguous run of
+        rows, so its data pointer is a valid buffer.
         """
-        session = self._session
+        session = self._sessions.get(self.padded(x.shape[0])) if self._sessions else self._session
         if session is None:
             raise RuntimeError("the network is closed")
-        if self.input_dtype is not np.float32:
-            x = x.astype(self.input_dtype)
-        binding = session.io_binding()
-        binding.bind_input(INPUT_NAME, "cpu", 0, self.input_dtype, x.shape, x.ctypes.data)
-        casts = []
         n = x.shape[0]
-        targets = [(POLICY_NAME, policy, (n, POLICY_SIZE)), (WDL_NAME, wdl, (n, 3))]
+        size = self.padded(n)
+        if size != n:
+            pad = self._buffer(("in", size), (size, *INPUT_SHAPE), self.input_dtype)
+            pad[:n] = x
+            x = pad
+        elif self.input_dtype is not np.float32:
+            x = x.astype(self.input_dtype)
+        targets, copies = [], []
+        wanted = [(POLICY_NAME, policy, (POLICY_SIZE,)), (WDL_NAME, wdl, (3,))]
         if mlh is not None:
-            targets.append((MLH_NAME, mlh, (n, 1) if self._mlh_rank == 2 else (n,)))
-        for name, out, shape in targets:
+            wanted.append((MLH_NAME, mlh, (1,) if self._mlh_rank == 2 else ()))
+        for name, out, tail in wanted:
             dtype = self._output_dtypes[name]
-            if dtype is np.float32:
-                buffer = out
+            if dtype is np.float32 and size == n:
+                buffer = out.reshape((n, *tail))
             else:
-                buffer = np.empty(shape, dtype)
-                casts.append((out, buffer))
-            binding.bind_output(name, "cpu", 0, dtype, shape, buffer.ctypes.data)
-        session.run_with_iobinding(binding)
-        for out, buffer in casts:
-            out[...] = buffer.reshape(out.shape)
+                buffer = self._buffer((name, size), (size, *tail), dtype)
+                copies.append((out, buffer))
+            targets.append((name, buffer))
+        session.run_into(x, targets)
+        for out, buffer in copies:
+            out[...] = buffer[:n].reshape(out.shape)
+
+    def _buffer(self, key, shape: tuple, dtype) -> np.ndarray:
+        """This thread's buffer for ``key``, made once: concurrent calls never share one."""
+        buffers = self._buffers.__dict__.setdefault("arrays", {})
+        array = buffers.get(key)
+        if array is None or array.dtype != dtype:
+            array = buffers[key] = np.zeros(shape, dtype)
+        return array
 
     # ------------------------------------------------------------------ misc
 
     def close(self) -> None:
-        """Release the session (and its GPU memory).  Further evaluations raise ``RuntimeError``."""
+        """Release the sessions (and their GPU memory).  Further evaluations raise ``RuntimeError``."""
         self._session = None
+        self._sessions = {}
 
     def __enter__(self) -> "Network":
         return self

@@ -40,7 +40,7 @@ from engine.params import SearchParams
 from engine.timeman import TimeManager
 from engine.tree import Batch, NNCache, Tree
 
-__all__ = ["Driver", "EvalSpeed", "default_pipeline", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
+__all__ = ["CPU_MINIBATCH", "Driver", "EvalSpeed", "default_pipeline", "search_batch", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
            "game_ply", "q_to_cp", "wdl_permille"]
 
 # A timed search plans at least this many batches into its time (fewer, larger ones
@@ -48,6 +48,10 @@ __all__ = ["Driver", "EvalSpeed", "default_pipeline", "Info", "Line", "MoveSearc
 BATCHES_PER_BUDGET = 8
 # The batch of a timed search before the network's speed has been measured once.
 FIRST_TIMED_BATCH = 16
+# MinibatchSize 0 on a network of variable shapes (the CPU): leaves per batch. At the few
+# hundred nodes a move a CPU searches, a big batch is one virtual-loss sweep rather than a
+# best-first search: 16 beat 256 by about 200 Elo at 10+0.1 (docs/search.md has the matches).
+CPU_MINIBATCH = 16
 # Time extension: another move is "better by value" when its Q beats the most visited
 # move's and it has at least this share of its visits (a Q of a few visits is noise) ...
 EXTENSION_MIN_VISIT_SHARE = 0.1
@@ -155,6 +159,7 @@ class MoveSearch:
         self.error: Optional[str] = None
         self.network_ready = False      # the network was had (Searcher: loaded lazily on its thread)
         self.extending = False          # past the soft target because the best move is unstable
+        self.batch = params.minibatch_size or CPU_MINIBATCH   # leaves per batch (search_batch)
         self._best: Optional[str] = None
         self._best_since = start        # when the most visited move last changed
 
@@ -242,8 +247,8 @@ class MoveSearch:
 
     def leaf_cap(self) -> int:
         """The most visits this tree may add to the next batch for its nodes and depth limits
-        (``minibatch_size`` without them; 0: none now, its last ones are still in flight)."""
-        cap = self.params.minibatch_size
+        (``batch`` without them; 0: none now, its last ones are still in flight)."""
+        cap = self.batch
         budget = self.budget
         tree = self.tree
         if budget.nodes is not None:
@@ -258,7 +263,7 @@ class MoveSearch:
         tree = self.tree
         deepest = tree.seldepth + 1
         if deepest <= depth + 1:
-            return self.params.minibatch_size
+            return self.batch
         playouts = tree.playouts + self.in_flight
         total_depth = tree.average_depth * tree.playouts + self.in_flight * deepest
         room = (depth + 1) * playouts - total_depth
@@ -309,46 +314,106 @@ class MoveSearch:
 
 
 class EvalSpeed:
-    """Seconds per network call by batch size, measured as the search runs.
+    """Seconds per network call, measured as the search runs, priced by the size it really runs.
 
-    Sizes are grouped by powers of two, each group a moving average of (size,
-    seconds). A size is estimated at the per-position speed of the nearest
-    measured group, so a batch never measured is neither trusted blindly nor
-    ruled out, and the next call measures it.
+    A network of fixed sizes (a GPU: ``sizes``, its ``batch_sizes``) costs the
+    same for any batch that pads to one size, so each size is measured on its
+    own. A network of variable shapes (the CPU) costs about the same per
+    position, so sizes are grouped by powers of two and priced per position. A
+    size never measured is priced at the per-position speed of the nearest one
+    measured, so it is neither trusted blindly nor ruled out.
+
+    Two kinds of call are not counted: the first of each size (a first call
+    can include a plan: on an H100, half a second for a 6x64) and one far
+    slower than its size's mean (another process took the machine for a
+    moment), unless several come in a row. Counted, either once priced every
+    larger batch out of a timed search and kept its batches at one position.
     """
 
-    def __init__(self, weight: float = 0.3) -> None:
+    OUTLIER = 4.0          # a call this many times its size's mean is not counted ...
+    OUTLIERS_IN_A_ROW = 3  # ... unless it is the third such in a row: the speed really changed
+
+    def __init__(self, sizes: Sequence[int] = (), weight: float = 0.3) -> None:
+        self.sizes = tuple(sorted(sizes))
         self.weight = weight
-        self._groups: dict[int, list[float]] = {}   # bit length -> [mean size, mean seconds]
+        self._seen: set[int] = set()
+        self._means: dict[int, list[float]] = {}    # key -> [mean size, mean seconds]
+        self._outliers: dict[int, int] = {}
 
     @property
     def measured(self) -> bool:
-        return bool(self._groups)
+        return bool(self._means)
+
+    def padded(self, size: int) -> int:
+        """The size the network runs a batch of ``size`` at."""
+        for fixed in self.sizes:
+            if fixed >= size:
+                return fixed
+        return size
+
+    def _key(self, size: int) -> int:
+        return self.padded(size) if self.sizes else size.bit_length()
 
     def record(self, size: int, seconds: float) -> None:
         if size <= 0 or seconds <= 0:
             return
-        group = self._groups.get(size.bit_length())
-        if group is None:
-            self._groups[size.bit_length()] = [float(size), seconds]
+        key = self._key(size)
+        if key not in self._seen:
+            self._seen.add(key)
+            return
+        priced = float(self.padded(size))
+        mean = self._means.get(key)
+        if mean is None:
+            self._means[key] = [priced, seconds]
+            return
+        if seconds > self.OUTLIER * mean[1]:
+            self._outliers[key] = self._outliers.get(key, 0) + 1
+            if self._outliers[key] < self.OUTLIERS_IN_A_ROW:
+                return
+            mean[0], mean[1] = priced, seconds
         else:
-            group[0] += self.weight * (size - group[0])
-            group[1] += self.weight * (seconds - group[1])
+            mean[0] += self.weight * (priced - mean[0])
+            mean[1] += self.weight * (seconds - mean[1])
+        self._outliers[key] = 0
 
-    def seconds_per_position(self, size: int) -> Optional[float]:
-        if not self._groups:
+    def seconds_for(self, size: int) -> Optional[float]:
+        """The expected seconds of a call of ``size`` positions (None before any measurement):
+        its own size's mean if measured, else a line through the measured sizes around it (a
+        call has a fixed cost besides its positions), never below the cheapest rate seen."""
+        if not self._means:
             return None
-        key = min(self._groups, key=lambda k: (abs(k - size.bit_length()), -k))
-        mean_size, seconds = self._groups[key]
-        return seconds / mean_size
+        key = self._key(size)
+        if self.sizes and key in self._means:
+            return self._means[key][1]
+        x = float(self.padded(size))
+        points = sorted(self._means.values())
+        cheapest = min(t / n for n, t in points) * x
+        if len(points) == 1:
+            return points[0][1] / points[0][0] * x
+        i = next((i for i in range(1, len(points) - 1) if x <= points[i][0]), len(points) - 1)
+        (n0, t0), (n1, t1) = points[i - 1], points[i]
+        if n1 <= n0:
+            return max(cheapest, t1 / n1 * x)
+        return max(cheapest, t0 + (t1 - t0) / (n1 - n0) * (x - n0))
 
     def largest_within(self, seconds: float, cap: int) -> int:
-        """The largest batch (1 to ``cap``) expected to take at most ``seconds`` (1 if none)."""
-        size = max(1, cap)
+        """The largest batch (1 to ``cap``) expected to take at most ``seconds`` (1 if none).
+
+        With fixed sizes the answer is one of them (or ``cap``): a batch padded to a size costs
+        that size, so the search may as well fill it."""
+        cap = max(1, cap)
+        if self.sizes:
+            for size in sorted({min(cap, fixed) for fixed in self.sizes}, reverse=True):
+                expected = self.seconds_for(size)
+                if expected is None or expected <= seconds:
+                    return size
+            return 1
+        size = cap
         for _ in range(16):
-            per = self.seconds_per_position(size)
-            if per is None:
+            expected = self.seconds_for(size)
+            if expected is None:
                 return size
+            per = expected / size
             fits = int(seconds / per)
             if fits >= size:
                 return size
@@ -409,6 +474,9 @@ class Driver:
         """
         lock = contextlib.nullcontext() if lock is None else lock
         stopped = stopped or (lambda: False)
+        sizes = tuple(getattr(network, "batch_sizes", ()) or ())
+        if self.speed.sizes != sizes:      # priced by the sizes this network really runs
+            self.speed = EvalSpeed(sizes)
         free = list(self._batches)
         pending: Optional[_Gathered] = None      # at the network
         try:
@@ -490,22 +558,22 @@ class Driver:
     def _gather(self, batch: Batch, active: list[MoveSearch], ahead: int) -> _Gathered:
         """Fill ``batch`` from the active searches; ``ahead`` leaves are at the network before it."""
         now = self.clock()
-        share = self._time_cap(active, now, ahead)
-        if share is not None:
-            share = max(1, share // len(active))
+        timed = self._time_cap(active, now, ahead)
+        if timed is not None:   # the batch the time allows, split among the searches (at least one)
+            share, extra = divmod(max(1, timed), len(active))
         taken = []
         order = active
         if len(active) > 1:   # when the batch fills up, a different search goes first next round
             start = self._start_index % len(active)
             order = active[start:] + active[:start]
             self._start_index += 1
-        for s in order:
+        for i, s in enumerate(order):
             room = self.capacity - len(batch)
             if room <= 0:
                 break
             cap = s.leaf_cap()
-            if share is not None:
-                cap = min(cap, share)
+            if timed is not None:
+                cap = min(cap, share + (i < extra))
             cap = min(cap, room)
             if cap <= 0:
                 continue
@@ -525,12 +593,18 @@ class Driver:
             return None
         if not self.speed.measured:
             return FIRST_TIMED_BATCH
-        busy = ahead * (self.speed.seconds_per_position(ahead) or 0.0) if ahead else 0.0
+        busy = (self.speed.seconds_for(ahead) or 0.0) if ahead else 0.0
         allowed = min(min(total / BATCHES_PER_BUDGET, left - busy) for total, left in windows)
         return self.speed.largest_within(allowed, self.capacity)
 
     def _submit(self, network: Any, gathered: _Gathered) -> _Gathered:
         size = len(gathered.batch)
+        padded = self.speed.padded(size)
+        if padded <= gathered.batch.capacity:
+            # A network of fixed sizes runs the batch at ``padded`` rows anyway: hand it the
+            # batch's own buffer that far (the rows past ``size`` are stale and ignored), so it
+            # need not copy the planes into a padded buffer of its own.
+            size = padded
         planes = gathered.batch.planes[:size]
         if self.pipeline:
             if self._executor is None:
@@ -636,9 +710,14 @@ class MultiSearch:
         return tree
 
     def _driver_for(self, games: int) -> Driver:
-        capacity = games * self.params.minibatch_size
+        """A driver whose batch holds every game's leaves, up to ``max_batch`` and, on a network
+        of fixed sizes, its largest: the games take turns filling batches of the sizes it runs."""
+        capacity = games * (self.params.minibatch_size or CPU_MINIBATCH)
         if self.max_batch is not None:
             capacity = min(capacity, self.max_batch)
+        sizes = getattr(self.network, "batch_sizes", ())
+        if sizes:
+            capacity = min(capacity, max(sizes))
         driver = self._driver
         if driver is None or driver.capacity < capacity:
             if driver is not None:
@@ -651,10 +730,20 @@ class MultiSearch:
 
 
 def default_pipeline(network: object) -> bool:
-    """Whether the UCI search keeps two batches in flight with ``network``: on a GPU provider
-    only. On a CPU the gather competes with ONNX Runtime's threads for the same cores, and
-    ``cyzero bench search`` (which measures both) shows no gain there."""
-    return str(getattr(network, "provider", "CPUExecutionProvider")) != "CPUExecutionProvider"
+    """Whether the UCI search keeps two batches in flight with ``network``: on a network of fixed
+    batch sizes (a GPU) only. On a CPU the gather competes with ONNX Runtime's threads for the
+    same cores, and ``cyzero bench search`` (which measures both) shows no gain there."""
+    return bool(getattr(network, "batch_sizes", ()))
+
+
+def search_batch(params: SearchParams, network: object) -> int:
+    """Leaves per batch: ``MinibatchSize``, or when it is 0 the backend's choice, as lc0's
+    MinibatchSize 0 is: the network's largest fixed size on a GPU, where a small batch wastes
+    it, and :data:`CPU_MINIBATCH` on the CPU, where a big batch costs strength."""
+    if params.minibatch_size:
+        return params.minibatch_size
+    sizes = getattr(network, "batch_sizes", ())
+    return max(sizes) if sizes else CPU_MINIBATCH
 
 
 
@@ -909,7 +998,8 @@ class Searcher:
             while move.budget.until_stop and not stop.is_set() and not ponderhit.is_set():
                 stop.wait(0.005)
             return
-        driver = self._driver_for(network)
+        move.batch = search_batch(self.params, network)
+        driver = self._driver_for(network, move.batch)
         while True:
             if ponderhit.is_set():      # the ponder search goes on as a timed one, unless done already
                 ponderhit.clear()
@@ -928,9 +1018,8 @@ class Searcher:
             while not stop.is_set() and not ponderhit.is_set():
                 stop.wait(0.005)
 
-    def _driver_for(self, network: object) -> Driver:
+    def _driver_for(self, network: object, size: int) -> Driver:
         pipeline = default_pipeline(network) if self.pipeline is None else self.pipeline
-        size = max(1, self.params.minibatch_size)
         driver = self._driver
         if driver is None or driver.capacity != size or driver.pipeline != pipeline:
             if driver is not None:

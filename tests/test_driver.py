@@ -107,12 +107,48 @@ def move_search(board, go, budget, params, start=1000.0, tree=None):
 def test_eval_speed_picks_the_largest_batch_that_fits():
     speed = EvalSpeed()
     assert not speed.measured
+    speed.record(1, 0.5)                         # the first call of a size is not counted
+    assert not speed.measured
     speed.record(1, 0.001)                       # 1 ms per position at batch 1
     assert speed.largest_within(0.010, 256) == 10
+    speed.record(64, 0.5)
     speed.record(64, 0.016)                      # 0.25 ms per position at batch 64
-    assert speed.largest_within(0.010, 256) == 40
+    # A line through the two: a call costs 0.76 ms plus 0.238 ms a position.
+    assert speed.largest_within(0.010, 256) == 38
     assert speed.largest_within(1.0, 256) == 256      # never past the cap
     assert speed.largest_within(0.0, 256) == 1        # always at least one
+
+
+def test_eval_speed_prices_fixed_sizes_by_the_size_they_run_at():
+    """A GPU network pads a batch to its next size: 65 positions cost what 128 do, so the search
+    fills the size it pays for."""
+    speed = EvalSpeed(sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    for size, seconds in ((16, 0.0006), (128, 0.002), (256, 0.0035)):
+        speed.record(size, seconds)
+        speed.record(size, seconds)
+    assert speed.seconds_for(65) == pytest.approx(0.002)
+    assert speed.seconds_for(100) == speed.seconds_for(128)
+    assert speed.largest_within(0.0025, 256) == 128
+    assert speed.largest_within(0.01, 256) == 256
+    assert speed.largest_within(0.01, 200) == 200      # never past the cap
+    assert speed.largest_within(0.00001, 256) == 1
+    assert speed.padded(3) == 4 and speed.padded(256) == 256
+
+
+def test_one_slow_call_does_not_price_big_batches_out():
+    """The GPU search's batches collapsed to one position: a first call at a new shape (half a
+    second of planning on an H100) priced every larger batch out of a timed search, and nothing
+    measured them again. First calls and lone outliers are not counted; a lasting change is."""
+    speed = EvalSpeed(sizes=(1, 16, 256))
+    speed.record(16, 0.5)                                  # the first call: a plan
+    for _ in range(3):
+        speed.record(256, 0.0035)
+    speed.record(256, 0.4)                                 # another process held the GPU once
+    assert speed.largest_within(0.025, 256) == 256
+    for _ in range(2):
+        speed.record(256, 0.4)                             # three in a row: really slower now
+    assert speed.seconds_for(256) == pytest.approx(0.4)
+    assert speed.largest_within(0.025, 256) == 16
 
 
 # --------------------------------------------------------------------------- short timed searches
@@ -124,7 +160,7 @@ def test_short_timed_search_gets_many_batches_and_most_of_the_capacity(pipeline)
     one 256 batch takes 52 ms; sized from the measured speed, the search runs many small batches."""
     clock = FakeClock()
     net = FakeNet(clock=clock, per_call=0.0005, per_position=0.0002)
-    params = SearchParams()                       # MinibatchSize 256
+    params = SearchParams(minibatch_size=256)
     search = move_search(Board(), GoParams(movetime=200), Budget(95, 95), params, start=clock.now)
     driver = Driver(params.minibatch_size, pipeline=pipeline, clock=clock)
     driver.run(net, [search])

@@ -283,32 +283,39 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     """One process: self-play and raw ``evaluate`` on one network, alternating in rounds.
 
     After a warm-up step of self-play, each of :data:`SELFPLAY_ROUNDS` rounds plays self-play
-    steps for ``seconds / rounds`` and then runs raw ``evaluate`` for as long at the mean batch
-    self-play has sent so far; alternating spreads a shared machine's changing load over both.
-    Processes measured together wait on ``barrier`` before each phase, so they run the same one.
+    steps for ``seconds / rounds`` and then replays that round's network calls back to back:
+    the same sizes, padded the same way, so raw inference is measured at the sizes self-play
+    really sends. Alternating spreads a shared machine's changing load over both. Processes
+    measured together wait on ``barrier`` before each phase, so they run the same one.
     Positions are counted by the wrapper around ``evaluate``.
     """
-    from engine.network import Network
-    from engine.tools.bench import _CountingNetwork, _nn_inputs
-    from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config
+    from engine.network import POLICY_SIZE, Network
+    from engine.tools.bench import _CountingNetwork, _nn_inputs, _replay
+    from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config, worker_max_batch
 
     device = job.get("device", "cpu")
-    if device == "cpu":
+    settings = settings_from_config(job["selfplay"]) if job.get("selfplay") else SelfPlaySettings()
+    gpu_options = {"max_batch": worker_max_batch(job["games"], settings)}
+    if job.get("simulate_gpu"):
+        from engine.tools.gpu_standin import simulated_network
+
+        net, _ = simulated_network(job["network"], **gpu_options)
+    elif device == "cpu":
         net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
     else:  # cuda:N, the worker's choice of provider (TensorRT, else CUDA)
-        net = Network(job["network"], backend="auto", device_id=int(device.split(":")[1]))
+        net = Network(job["network"], backend="auto", device_id=int(device.split(":")[1]), **gpu_options)
     counted = _CountingNetwork(net)
     share = job["seconds"] / SELFPLAY_ROUNDS
     figures = {"positions": 0, "calls": 0, "plies": 0, "seconds": 0.0, "raw_positions": 0, "raw_seconds": 0.0,
-               "finished_plies": []}
-    settings = settings_from_config(job["selfplay"]) if job.get("selfplay") else SelfPlaySettings()
+               "finished_plies": [], "sizes": {}, "batch_sizes": list(net.batch_sizes)}
     selfplay = SelfPlay(counted, settings, job["games"], pipeline=job["pipeline"])
+    planes = np.zeros((0, 112, 8, 8), np.float32)
     try:
         selfplay.step()  # warm-up: the trees and the first batches
-        planes = np.zeros((0, 112, 8, 8), np.float32)
         for _ in range(SELFPLAY_ROUNDS):
             barrier.wait()
             positions, calls, moves = counted.positions, counted.calls, selfplay.moves
+            counted.sizes = []
             start = time.perf_counter()
             while time.perf_counter() - start < share:
                 figures["finished_plies"] += [game.plies for game in selfplay.step()]
@@ -316,16 +323,17 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
             figures["positions"] += counted.positions - positions
             figures["calls"] += counted.calls - calls
             figures["plies"] += selfplay.moves - moves
-            batch = max(1, round(figures["positions"] / max(1, figures["calls"])))
-            if len(planes) < batch:
-                planes = _nn_inputs(batch)[0]
-            counted.evaluate(planes[:batch])  # warm-up at this size
+            sizes = counted.sizes
+            for n in sizes:
+                figures["sizes"][n] = figures["sizes"].get(n, 0) + 1
+            largest = max(sizes, default=1)
+            if len(planes) < largest:
+                planes = _nn_inputs(largest)[0]
+                outputs = (np.empty((largest, POLICY_SIZE), np.float32), np.empty((largest, 3), np.float32),
+                           np.empty(largest, np.float32) if net.has_mlh else None)
             barrier.wait()
-            start = time.perf_counter()
-            while time.perf_counter() - start < share:
-                counted.evaluate(planes[:batch])
-                figures["raw_positions"] += batch
-            figures["raw_seconds"] += time.perf_counter() - start
+            figures["raw_seconds"] += _replay(net, sizes, planes, outputs)
+            figures["raw_positions"] += sum(sizes)
     finally:
         selfplay.close()
     return figures
@@ -410,7 +418,7 @@ def _fresh_network(cfg: Any) -> str:
 def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network: str | None = None,
                    workers: Sequence[int] = (1, 2), games: int | None = None,
                    pipeline: bool | None = None, config: str | None = None, device: str = "cpu",
-                   log: Callable[[str], Any] | None = None) -> dict:
+                   simulate_gpu: bool = False, log: Callable[[str], Any] | None = None) -> dict:
     """Network evaluations/s during self-play against raw batched inference, one after the other.
 
     For each count K in ``workers``: K processes at once, the CPU's cores split among them as
@@ -421,7 +429,8 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     ``network``: an ONNX file (default the bundled one). ``pipeline``: two batches in flight
     (default as a worker does on the CPU: off, ``engine.search.default_pipeline``).
     ``device``: ``cpu``, or ``cuda:N`` (every worker process on that GPU, two batches in flight
-    by default, as a GPU worker plays).
+    by default, as a GPU worker plays). ``simulate_gpu``: the network runs on the GPU stand-in
+    (``engine.tools.gpu_standin``, one simulated GPU per process) as a GPU worker would.
     ``config``: a training config (a bundled name such as ``cpu``, or a file) whose ``[selfplay]``
     settings and games per worker are played instead of the defaults, with a freshly
     initialised network of its ``[model]`` size unless ``network`` is given: what ``cyzero-train
@@ -463,6 +472,8 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         raise ValueError(f"no network at {path}")
     if not re.fullmatch(r"cpu|cuda:\d+", device):
         raise ValueError(f"device must be cpu or cuda:N, got {device!r}")
+    if simulate_gpu:
+        device = "cuda:0"
     if pipeline is None:  # what a worker does (trainer.worker; engine.search.default_pipeline)
         pipeline = device != "cpu"
     from trainer.selfplay import settings_from_config
@@ -473,12 +484,12 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         "network": path, "cores": cores, "games_per_worker": games, "visits": settings.visits,
         "fast_visits": settings.fast_visits, "full_search_prob": settings.full_search_prob,
         "max_plies": settings.max_plies, "pipeline": pipeline, "seconds": seconds, "target": SELFPLAY_TARGET,
-        "config": config, "device": device, "runs": {},
+        "config": config, "device": device, "simulated_gpu": simulate_gpu, "runs": {},
     }
     for k in workers:
         threads = max(1, cores // k)
         job = {"network": path, "threads": threads, "seconds": seconds, "games": games, "pipeline": pipeline,
-               "selfplay": selfplay_keys, "device": device}
+               "selfplay": selfplay_keys, "device": device, "simulate_gpu": simulate_gpu}
         results = _run_together([job] * k)
         positions = sum(r["positions"] for r in results)
         calls = sum(r["calls"] for r in results)
@@ -496,9 +507,20 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
             "games_per_hour": plies_per_s * 3600.0 / settings.max_plies,
             "games_finished": len(finished), "mean_finished_plies": mean_finished,
             "games_per_hour_finished": plies_per_s * 3600.0 / mean_finished if mean_finished else None,
+            "batch_sizes": results[0]["batch_sizes"],
+            "sizes_sent": dict(sorted(_merge_counts(r["sizes"] for r in results).items())),
         }
         log(f"bench selfplay: {k} worker(s): self-play {selfplay_rate:,.0f} evals/s, raw {raw_rate:,.0f} evals/s "
             f"at batch {run['batch']:.0f} ({run['ratio']:.0%})")
+    figures["efficiency"] = min(run["ratio"] for run in figures["runs"].values())
     if print_report:
         print(format_selfplay_report(figures), flush=True)
     return figures
+
+
+def _merge_counts(counts) -> dict[int, int]:
+    merged: dict[int, int] = {}
+    for one in counts:
+        for size, n in one.items():
+            merged[int(size)] = merged.get(int(size), 0) + n
+    return merged

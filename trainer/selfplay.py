@@ -10,12 +10,16 @@ stays full.
 AlphaZero's settings by default (:class:`SelfPlaySettings`), with KataGo's
 playout cap randomisation: a share ``full_search_prob`` of the moves gets the
 full visits and Dirichlet noise and becomes a training record; the other moves
-get ``fast_visits`` without noise and are only played. Resignation has a
-checked false-positive rate: a share ``resign_playthrough`` of the games never
-resigns, and those report whether a resignation would have lost them a result
-they got (``would_have_resigned_wrongly``). With Syzygy ``tablebases`` a game
-that reaches a position in the tables ends with the tables' result
-(termination ``"syzygy"``): playing out a known ending teaches nothing.
+get ``fast_visits`` without noise and are only played. So a short game can
+finish with no record (a game of n searched moves has none with probability
+``(1 - full_search_prob) ** n``): it is still a finished game, with its result
+and PGN, but teaches nothing (the worker counts it and sends nothing).
+Resignation has a checked false-positive rate: a share ``resign_playthrough``
+of the games never resigns, and those report whether a resignation would have
+lost them a result they got (``would_have_resigned_wrongly``). With Syzygy
+``tablebases`` a game that reaches a position in the tables ends with the
+tables' result (termination ``"syzygy"``): playing out a known ending teaches
+nothing.
 
 :func:`settings_from_config` turns a run's ``[selfplay]`` section (what the
 daemon sends a worker) into :class:`SelfPlaySettings`.
@@ -139,7 +143,8 @@ class FinishedGame:
     game_id: str                   # uuid4 hex: the store drops a game id it already holds
     generation: int                # the generation that played the game's first move (the oldest)
     generations: tuple[int, ...]   # every generation that played a move of it, in order
-    records: np.ndarray            # RECORD_DTYPE, the full-search positions, results filled in
+    records: np.ndarray            # RECORD_DTYPE, the full-search positions, results filled in; empty
+                                   # when no move had a full search (a short game may have none)
     pgn: str                       # the whole game (opening plies included), with headers
     result: str                    # "1-0", "0-1" or "1/2-1/2"
     termination: str               # Board.outcome's name, "max_plies", "resignation" or "syzygy"
@@ -163,6 +168,20 @@ class _Game:
         self.turns: list[bool] = []              # side to move of each record
         self.record_plies: list[int] = []        # len(moves) at each record
         self.would_resign: Optional[bool] = None  # the side that would have resigned (playthrough)
+
+
+# The largest batch a GPU worker's network runs (one session per power of two up to it).
+GPU_MAX_BATCH = 1024
+
+
+def worker_max_batch(games: int, settings: SelfPlaySettings) -> int:
+    """The largest batch of a worker's network on a GPU: half its games' leaves of one round
+    (two batches are in flight), a power of two from 256 to :data:`GPU_MAX_BATCH`."""
+    from engine.network import DEFAULT_MAX_BATCH
+    from engine.search import CPU_MINIBATCH
+
+    leaves = games * (settings.search.minibatch_size or CPU_MINIBATCH) // 2
+    return max(DEFAULT_MAX_BATCH, min(GPU_MAX_BATCH, 1 << max(0, leaves - 1).bit_length()))
 
 
 class SelfPlay:

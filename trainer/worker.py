@@ -11,7 +11,10 @@ subprocess each).  The protocol (trainer/wire.py has the messages):
   the announced file when this machine can read it, else the first announcement
   on the daemon's PUB socket (the follower fetches the bytes and checks the
   sha256); each new generation is swapped in between moves, games go on;
-* every finished game is sent as a ``Game`` and kept until an ``Ack`` lists it,
+* every finished game is sent as a ``Game`` and kept until an ``Ack`` lists it
+  (a game with no record, a short one in which no move got a full search, is
+  counted as finished but not sent: it teaches nothing, and the replay store
+  keeps no empty game),
   resent every 10 s meanwhile (the daemon drops a game id it has), so neither a
   lost message nor a daemon restart (ZeroMQ reconnects) loses a game;
 * ``Heartbeat`` every 2 s; ``Stop``, SIGTERM or SIGINT: stop playing, resend
@@ -42,7 +45,7 @@ from engine.network_manager import NetworkManager
 from engine.swap import Proposal
 from engine.watchers import RateLimit, validate_endpoint
 from trainer import wire
-from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config
+from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config, worker_max_batch
 
 __all__ = ["HEARTBEAT_S", "REGISTER_S", "RESEND_S", "STOP_WAIT_S", "Worker", "parse_devices", "run_workers"]
 
@@ -126,6 +129,7 @@ class _Link:
         self.generation = 0
         self.positions = 0         # training positions played so far (the playing thread counts)
         self.games = 0             # games sent (first sends)
+        self.empty = 0             # finished games with no record, never sent (the playing thread counts)
         self.acked = 0
         self.refused = 0
         self._limit = RateLimit()
@@ -138,6 +142,11 @@ class _Link:
     # -- the playing thread's side -------------------------------------------------------
 
     def submit(self, game: FinishedGame) -> None:
+        """Send a finished game. A game with no record (under playout cap randomisation a short game
+        may have had no full search) is only counted: the replay store refuses an empty game."""
+        if len(game.records) == 0:
+            self.empty += 1
+            return
         self._outbox.put(game)
 
     def finish(self, timeout: float) -> int:
@@ -230,15 +239,15 @@ class _Link:
                     self._receive(frames)
 
     def _rate(self, samples: collections.deque, now: float) -> tuple[float, float]:
-        """(positions/s, games/h) over about the last minute."""
-        samples.append((now, self.positions, self.games))
+        """(positions/s, games/h) over about the last minute; games/h counts the games without a record too."""
+        samples.append((now, self.positions, self.games + self.empty))
         while len(samples) > 2 and now - samples[1][0] >= STATS_S:
             samples.popleft()
         t0, p0, g0 = samples[0]
         span = now - t0
         if span <= 0:
             return 0.0, 0.0
-        return (self.positions - p0) / span, (self.games - g0) * 3600.0 / span
+        return (self.positions - p0) / span, (self.games + self.empty - g0) * 3600.0 / span
 
     def _queue_game(self, game: FinishedGame, now: float) -> None:
         try:
@@ -356,7 +365,7 @@ class Worker:
         games = self.games or int(registered.selfplay.get("games_per_worker") or 0) or (
             32 if self.device == "cpu" else 256)
         tablebases = self._tablebases(str(registered.selfplay.get("syzygy") or ""))
-        manager = self._manager(registered)
+        manager = self._manager(registered, worker_max_batch(games, settings))
         try:
             network = self._first_network(manager, registered)
             if network is None:
@@ -373,8 +382,7 @@ class Worker:
                         selfplay.set_network(manager.get(), generation)
                         link.generation = generation
                     for game in selfplay.step():
-                        if len(game.records):  # a game without a full search teaches nothing
-                            link.submit(game)
+                        link.submit(game)   # a game without a record is counted, not sent
                     link.positions = selfplay.positions
             finally:
                 selfplay.close()
@@ -394,13 +402,16 @@ class Worker:
             self.say(f"{e}; playing without Syzygy adjudication")
             return None
 
-    def _manager(self, registered: wire.Registered) -> NetworkManager:
+    def _manager(self, registered: wire.Registered, max_batch: int) -> NetworkManager:
+        """``max_batch``: the largest batch of the network on a GPU (its fixed sizes go up to it)."""
         if self.device == "cpu":
-            backend, device_id = "cpu", 0
+            backend, device_id, options = "cpu", 0, {}
         else:
             backend, device_id = "tensorrt", int(self.device.split(":")[1])  # falls back to CUDA, said once
+            options = {"max_batch": max_batch}
         manager = NetworkManager(registered.path, backend=backend, device_id=device_id, threads=self.threads,
-                                 log=self.say, keys=self.keys_dir, watch=False, zmq_context=self._context)
+                                 network_options=options, log=self.say, keys=self.keys_dir, watch=False,
+                                 zmq_context=self._context)
         if registered.publish:
             try:
                 manager.set_endpoint(_public_endpoint(registered.publish, self.connect))

@@ -364,13 +364,21 @@ class Session:
         self.info_string(f"tablebase {result}; searching {len(moves)} move(s)")
 
 
+def _network_batch(minibatch: int) -> dict:
+    """The network's own batch sizes, unless an explicit MinibatchSize needs a larger one (a GPU
+    network keeps a session per size, up to its largest)."""
+    from engine.network import DEFAULT_MAX_BATCH
+
+    return {"max_batch": minibatch} if minibatch > DEFAULT_MAX_BATCH else {}
+
+
 def _default_manager(options: Options, log: Callable[[str], None]):
     """The network manager for the current options; the WeightsFile is checked on its first use."""
     from engine.network_manager import NetworkManager
 
     manager = NetworkManager(options["WeightsFile"], backend=options["Backend"],
                              device_id=options["GPU"], threads=options["Threads"],
-                             network_options={"max_batch": options["MinibatchSize"]}, log=log)
+                             network_options=_network_batch(options["MinibatchSize"]), log=log)
     try:
         manager.set_trainer_keys(options["TrainerKeys"] or None)
         manager.set_endpoint(options["TrainerEndpoint"] or None)

@@ -1203,28 +1203,37 @@ def bench_uci(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- search
 
 
-SEARCH_BATCH = 256
-
-
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    _json_and_seconds(parser, 3.0, "search and raw-evaluate measurement per position")
-    parser.add_argument("--batch", type=int, default=SEARCH_BATCH, metavar="B",
-                        help=f"MinibatchSize of the search and the raw batch (default {SEARCH_BATCH})")
+    _json_and_seconds(parser, 3.0, "search measurement per position and mode")
+    parser.add_argument("--batch", type=int, default=0, metavar="B",
+                        help="MinibatchSize of the search (default 0: the backend's choice, as the UCI "
+                             "engine plays)")
     parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"),
                         help="ONNX Runtime backend (default auto)")
     parser.add_argument("--net", default=None, metavar="PATH",
                         help="network to use (default: the bundled default.onnx)")
+    _simulate_gpu_argument(parser)
+
+
+def _simulate_gpu_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--simulate-gpu", action="store_true",
+                        help="run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
+                             "costs for the bundled 6x64, a stall at each new input shape) instead of "
+                             "ONNX Runtime, to see the search and the batching without a GPU")
 
 
 class _CountingNetwork:
-    """Wraps a network to count positions, calls and seconds spent inside evaluate."""
+    """Wraps a network to count positions, calls and seconds spent inside evaluate, and to keep
+    the size of every call (the raw side replays them)."""
 
     def __init__(self, net) -> None:
         self.net = net
-        self.provider = net.provider       # the search picks its pipelining by provider
+        self.provider = net.provider
+        self.batch_sizes = net.batch_sizes   # the search sizes its batches by these
         self.positions = 0
         self.calls = 0
         self.seconds = 0.0
+        self.sizes: list[int] = []
 
     def evaluate(self, planes):
         start = time.perf_counter()
@@ -1232,7 +1241,18 @@ class _CountingNetwork:
         self.seconds += time.perf_counter() - start
         self.positions += len(planes)
         self.calls += 1
+        self.sizes.append(len(planes))
         return result
+
+
+def _replay(net, sizes: list[int], planes, outputs) -> float:
+    """Seconds raw ``evaluate_into`` takes for calls of these sizes, back to back (the network
+    pads each to the size it runs, as it did in the search)."""
+    policy, wdl, mlh = outputs
+    start = time.perf_counter()
+    for n in sizes:
+        net.evaluate_into(planes[:n], policy, wdl, mlh)
+    return time.perf_counter() - start
 
 
 def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float]:
@@ -1312,52 +1332,60 @@ def _short_movetime(counted, raw_positions_per_s: float) -> dict:
     _add_search_arguments,
 )
 def bench_search(args: argparse.Namespace) -> int:
-    """Search nodes/s over fixed positions against the network's own positions/s at the
-    search's MinibatchSize, measured alternately in one run, with one batch and with two
-    batches in flight; ``efficiency`` is their ratio. Then ``go movetime 200`` with the UCI
-    defaults: nodes against the raw capacity of its time."""
+    """Search nodes/s over fixed positions against raw evaluate at the sizes the search sent:
+    after each search its network calls are replayed back to back (the same sizes, padded the
+    same way), so ``efficiency`` is the share of what the network computes that the search
+    turns into nodes. Measured with one batch and with two batches in flight, alternately in
+    one run. Then ``go movetime 200`` with the UCI defaults: nodes against the raw capacity of
+    its time."""
     import numpy as np
 
     from engine.network import POLICY_SIZE, Network
     from engine.params import SearchParams
-    from engine.search import Searcher, default_pipeline
+    from engine.search import Searcher, default_pipeline, search_batch
     from engine.timeman import TimeManager
     from engine.weights import default_weights_path
 
-    if args.batch < 1:
-        raise BenchError(f"--batch must be 1 or more, got {args.batch}")
+    if args.batch < 0:
+        raise BenchError(f"--batch must be 0 (the backend's choice) or more, got {args.batch}")
     started = time.perf_counter()
     notes = []
-    net = Network(args.net or default_weights_path(), backend=args.backend, max_batch=args.batch,
-                  log=notes.append)
+    options = {"max_batch": args.batch} if args.batch > 256 else {}
+    if args.simulate_gpu:
+        from engine.tools.gpu_standin import simulated_network
+
+        net, _ = simulated_network(args.net, log=notes.append, **options)
+    else:
+        net = Network(args.net or default_weights_path(), backend=args.backend, log=notes.append, **options)
     counted = _CountingNetwork(net)
     # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
     params = SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0)
+    batch = search_batch(params, net)
     searchers = {pipeline: Searcher(lambda: counted, params, TimeManager(safety_ms=0), pipeline=pipeline)
                  for _, pipeline in SEARCH_MODES}
     uci_pipeline = default_pipeline(counted)   # what the UCI search picks here
-    planes, _ = _nn_inputs(args.batch)
-    policy = np.empty((args.batch, POLICY_SIZE), np.float32)
-    wdl = np.empty((args.batch, 3), np.float32)
-    mlh = np.empty((args.batch,), np.float32) if net.has_mlh else None
+    largest = max(batch, net.max_batch)
+    planes, _ = _nn_inputs(largest)
+    outputs = (np.empty((largest, POLICY_SIZE), np.float32), np.empty((largest, 3), np.float32),
+               np.empty((largest,), np.float32) if net.has_mlh else None)
+    sizes_note = f"; the network runs batches of {'/'.join(map(str, net.batch_sizes))}" if net.batch_sizes else ""
     if not args.json:
         for line in notes:
             print(line)
-        print(f"network: {net.description}; batch {args.batch}")
+        print(f"network: {net.description}; search batch {batch}{sizes_note}")
         print()
-        print(f"{'position':<12}{'raw pos/s':>11}" + "".join(
-            f"{label + ' nodes/s':>24}{'eff.':>7}{'batch':>7}" for label, _ in SEARCH_MODES) + f"{'bytes/node':>12}")
+        print(f"{'position':<12}" + "".join(
+            f"{label + ' nodes/s':>24}{'raw pos/s':>11}{'eff.':>7}{'batch':>7}" for label, _ in SEARCH_MODES)
+            + f"{'bytes/node':>12}")
     positions = []
     half = max(0.25, args.seconds / 2)
     for name, fen in TREE_POSITIONS:
-        raw_positions, raw_seconds = 0, 0.0
-        per_mode = {pipeline: dict(nodes=0, seconds=0.0, calls=0, positions=0) for _, pipeline in SEARCH_MODES}
+        per_mode = {pipeline: dict(nodes=0, seconds=0.0, calls=0, positions=0, raw_seconds=0.0)
+                    for _, pipeline in SEARCH_MODES}
         bytes_per_node = 0.0
         for _ in range(2):  # alternate, so that a change in the machine's load hits all alike
-            runs, secs = _time_slice(net, planes, (policy, wdl, mlh), half)
-            raw_positions += runs * args.batch
-            raw_seconds += secs
             for _, pipeline in SEARCH_MODES:
+                counted.sizes = []
                 calls, evaluated = counted.calls, counted.positions
                 nodes, secs, bytes_per_node = _timed_search(searchers[pipeline], fen, half)
                 mode = per_mode[pipeline]
@@ -1365,39 +1393,46 @@ def bench_search(args: argparse.Namespace) -> int:
                 mode["seconds"] += secs
                 mode["calls"] += counted.calls - calls
                 mode["positions"] += counted.positions - evaluated
-        raw = raw_positions / raw_seconds
-        result = {"name": name, "fen": fen, "raw_positions_per_s": round(raw, 1),
-                  "bytes_per_node": round(bytes_per_node, 2), "modes": {}}
+                mode["raw_seconds"] += _replay(net, counted.sizes, planes, outputs)
+        result = {"name": name, "fen": fen, "bytes_per_node": round(bytes_per_node, 2), "modes": {}}
         for label, pipeline in SEARCH_MODES:
             mode = per_mode[pipeline]
             nps = mode["nodes"] / mode["seconds"]
+            raw = mode["positions"] / mode["raw_seconds"] if mode["raw_seconds"] else 0.0
             result["modes"][label] = {
                 "search_nodes_per_s": round(nps, 1),
-                "efficiency": round(nps / raw, 4),
+                "raw_positions_per_s": round(raw, 1),
+                "efficiency": round(nps / raw, 4) if raw else 0.0,
                 "mean_batch": round(mode["positions"] / mode["calls"], 1) if mode["calls"] else 0.0,
             }
         positions.append(result)
         if not args.json:
-            print(f"{name:<12}{_fmt_int(raw):>11}" + "".join(
-                f"{_fmt_int(m['search_nodes_per_s']):>24}{m['efficiency']:>7.1%}{m['mean_batch']:>7.0f}"
+            print(f"{name:<12}" + "".join(
+                f"{_fmt_int(m['search_nodes_per_s']):>24}{_fmt_int(m['raw_positions_per_s']):>11}"
+                f"{m['efficiency']:>7.1%}{m['mean_batch']:>7.0f}"
                 for m in result["modes"].values()) + f"{result['bytes_per_node']:>12.1f}", flush=True)
-    raw_pps = sum(p["raw_positions_per_s"] for p in positions) / len(positions)
     modes = {}
     for label, _ in SEARCH_MODES:
         nps = sum(p["modes"][label]["search_nodes_per_s"] for p in positions) / len(positions)
-        modes[label] = {"search_nodes_per_s": round(nps, 1), "efficiency": round(nps / raw_pps, 4)}
+        raw = sum(p["modes"][label]["raw_positions_per_s"] for p in positions) / len(positions)
+        modes[label] = {"search_nodes_per_s": round(nps, 1), "raw_positions_per_s": round(raw, 1),
+                        "efficiency": round(nps / raw, 4) if raw else 0.0}
     uci_mode = SEARCH_MODES[1][0] if uci_pipeline else SEARCH_MODES[0][0]
-    short = _short_movetime(counted, raw_pps)
+    # The capacity of a short search: raw evaluate at the search's own batch, back to back.
+    raw_batch = _replay(net, [batch] * 8, planes, outputs)
+    short = _short_movetime(counted, 8 * batch / raw_batch)
     summary = {
         "benchmark": "search",
         "efficiency": modes[uci_mode]["efficiency"],
         "search_nodes_per_s": modes[uci_mode]["search_nodes_per_s"],
-        "raw_positions_per_s": round(raw_pps, 1),
+        "raw_positions_per_s": modes[uci_mode]["raw_positions_per_s"],
         "uci_mode": uci_mode,
         "modes": modes,
         "short_movetime": short,
         "bytes_per_node": round(sum(p["bytes_per_node"] for p in positions) / len(positions), 2),
-        "batch": args.batch,
+        "batch": batch,
+        "batch_sizes": list(net.batch_sizes),
+        "simulated_gpu": bool(args.simulate_gpu),
         "provider": net.provider,
         "network": net.description,
         "positions": positions,
@@ -1410,8 +1445,9 @@ def bench_search(args: argparse.Namespace) -> int:
     print()
     for label, mode in modes.items():
         print(f"total, {label}{' (the UCI search here)' if label == uci_mode else ''}: search "
-              f"{_fmt_int(mode['search_nodes_per_s'])} nodes/s, raw evaluate {_fmt_int(raw_pps)} positions/s "
-              f"at batch {args.batch}: efficiency {mode['efficiency']:.1%} (target >= 90%)")
+              f"{_fmt_int(mode['search_nodes_per_s'])} nodes/s, raw evaluate at the same sizes "
+              f"{_fmt_int(mode['raw_positions_per_s'])} positions/s: efficiency {mode['efficiency']:.1%} "
+              f"(target >= 90%)")
     print(f"{summary['bytes_per_node']:.1f} bytes per node")
     print()
     print(f"go movetime {short['movetime_ms']}: nodes vs raw capacity (UCI defaults, Move Overhead "

@@ -239,7 +239,7 @@ def engine_searcher(weights: Optional[str] = None) -> SearchFn:
 
     params = SearchParams()
     try:   # the file the engine would load: the bundled network's CPU variant by default
-        builder = NetworkBuilder(backend="cpu", options={"max_batch": params.minibatch_size})
+        builder = NetworkBuilder(backend="cpu")
         net = builder.load_weights_file(resolve_weights(weights)).network
     except Exception as e:   # a missing or broken file: one line, not a traceback
         raise MatesError(f"cannot load network {weights or 'default'}: {e}") from None

@@ -1,0 +1,425 @@
+"""Provider choice and session making: how a network file becomes ONNX Runtime sessions.
+
+:class:`engine.network.Network` asks a *session factory* for its sessions and
+never talks to ONNX Runtime's constructors itself, so that a stand-in factory
+(``engine.tools.gpu_standin``, a simulated GPU) can take the real one's place
+under the real ``Network``. A factory has::
+
+    factory.make(data, provider, batch=None, batch_dim=None) -> session
+    factory.listed() -> providers listed; factory.prepare_gpu(); factory.why_failed(provider, error) -> str
+
+``provider`` is the one wanted (TensorRT, CUDA or CPU); ``batch`` asks for a
+session that will only ever see that batch size (on TensorRT its optimisation
+profile is that one size, with an engine cache keyed by network and size), and
+``batch_dim`` names the input's free batch dimension to fix to it. A session
+has ``providers``, ``inputs``, ``outputs`` (ONNX Runtime ``NodeArg``-like:
+name, type, shape), ``metadata``, ``producer`` and
+``run_into(planes, targets)``, which binds the input and each output buffer by
+pointer and runs.
+
+:func:`open_session` tries the backends in order (TensorRT, then CUDA, then
+CPU) and decides the provider by what the created session really runs:
+onnxruntime-gpu lists the GPU providers whether or not CUDA is installed, and
+a CUDA session that cannot load its libraries quietly runs on the CPU. A GPU
+that was wanted and not had is said in exactly one line through ``log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+import re
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+BACKENDS = ("auto", "cpu", "cuda", "tensorrt")
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+LABEL = {CPU: "CPU", CUDA: "CUDA", TENSORRT: "TensorRT"}
+_LIBRARY_STEM = {CUDA: "cuda", TENSORRT: "tensorrt"}
+
+# ONNX Runtime logging severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
+_QUIET = (
+    3  # our standing level: no warnings (e.g. "some nodes were not assigned to the preferred EP")
+)
+_SILENT = 4  # while trying a GPU provider: its load failure is an ERROR line we replace by our own
+
+_silence_lock = threading.Lock()
+_ort_module = None
+_dlls_preloaded = False
+
+
+class NetworkError(ValueError):
+    """A network file cannot be used: missing, not ONNX, truncated, or not the cyzero/lc0 contract."""
+
+
+# --------------------------------------------------------------------------- onnxruntime, lazily
+
+
+def _ort():
+    """Import onnxruntime on first use and quiet its default logger (process-wide, severity ERROR)."""
+    global _ort_module
+    if _ort_module is None:
+        try:
+            import onnxruntime
+        except ImportError as e:  # pragma: no cover - onnxruntime is a hard dependency
+            raise NetworkError(
+                f"onnxruntime is not installed ({e}); pip install onnxruntime-gpu (or onnxruntime)"
+            ) from None
+        onnxruntime.set_default_logger_severity(_QUIET)
+        _ort_module = onnxruntime
+    return _ort_module
+
+
+def available_providers() -> list[str]:
+    """The execution providers this onnxruntime build lists (listed is not the same as usable)."""
+    return list(_ort().get_available_providers())
+
+
+def _preload_gpu_libraries() -> None:
+    """Load CUDA/cuDNN from pip's ``nvidia-*`` wheels, if installed, before a GPU session.
+
+    ``onnxruntime-gpu[cuda,cudnn]`` installs them, but the provider libraries
+    find them only once ``onnxruntime.preload_dlls()`` has loaded them.  That
+    function prints to stdout (the UCI channel) when something is missing, so
+    its ``print`` is shadowed inside the onnxruntime module meanwhile (not
+    ``sys.stdout``, which another thread may be writing UCI output to).  What
+    is really missing is reported by the session attempt that follows.
+    """
+    global _dlls_preloaded
+    if _dlls_preloaded:
+        return
+    _dlls_preloaded = True
+    ort = _ort()
+    if not hasattr(ort, "preload_dlls"):
+        return
+    import importlib.util
+    import warnings
+
+    try:
+        if importlib.util.find_spec("nvidia") is None:
+            return
+    except (ImportError, ValueError):
+        return
+    namespace = vars(ort)
+    had_print = "print" in namespace
+    saved = namespace.get("print")
+    namespace["print"] = lambda *args, **kwargs: None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ort.preload_dlls()
+    except Exception:  # noqa: BLE001 - best effort; the session attempt reports what is missing
+        pass
+    finally:
+        if had_print:
+            namespace["print"] = saved
+        else:
+            namespace.pop("print", None)
+
+
+@contextlib.contextmanager
+def _silenced_ort_logger():
+    """Silence ONNX Runtime's process-wide logger while trying a provider that may not load.
+
+    The logger's level is global, so two networks loading at once in
+    different threads take turns here (loading only; evaluation never does).
+    """
+    ort = _ort()
+    with _silence_lock:
+        ort.set_default_logger_severity(_SILENT)
+        try:
+            yield
+        finally:
+            ort.set_default_logger_severity(_QUIET)
+
+
+def _provider_library(provider: str) -> str | None:
+    stem = _LIBRARY_STEM.get(provider)
+    if stem is None:
+        return None
+    capi = os.path.join(os.path.dirname(_ort().__file__), "capi")
+    found = sorted(glob.glob(os.path.join(capi, f"*onnxruntime_providers_{stem}.*")))
+    return found[0] if found else None
+
+
+def _why_provider_failed(provider: str, error: BaseException | None) -> str:
+    """A short reason why a GPU provider could not be used, for the one fallback line."""
+    library = _provider_library(provider)
+    if library is None:
+        return "not built into this onnxruntime"
+    try:
+        # The same dlopen ONNX Runtime did; its error names the first missing library.
+        ctypes.CDLL(library)
+    except OSError as e:
+        text = str(e)
+        match = re.search(
+            r"([\w.+-]+\.(?:so[\w.]*|dll|dylib)): cannot open shared object file", text
+        )
+        if match:
+            missing = match.group(1)
+            hint = " (no NVIDIA driver?)" if missing.startswith("libcuda.so") else ""
+            return f"{missing} not found{hint}"
+        return _short(text)
+    if error is not None:
+        return short_ort_message(error)
+    return "no usable GPU found"
+
+
+# --------------------------------------------------------------------------- error messages
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _strip_source_location(text: str) -> str:
+    """Drop ``/onnxruntime_src/x.cc:123 ns::Function(args...)`` prefixes from an ORT message."""
+    while True:
+        match = re.search(r"/onnxruntime_src/\S+:\d+\s*", text)
+        if not match:
+            return text
+        rest = text[match.end() :]
+        cut = 0
+        paren = rest.find("(")
+        if paren != -1 and "::" in rest[:paren]:  # a C++ signature: skip to its matching ')'
+            depth = 0
+            for i in range(paren, len(rest)):
+                if rest[i] == "(":
+                    depth += 1
+                elif rest[i] == ")":
+                    depth -= 1
+                    if depth == 0:
+                        cut = i + 1
+                        break
+        text = text[: match.start()] + rest[cut:].lstrip()
+
+
+def short_ort_message(error: BaseException) -> str:
+    text = str(error)
+    text = re.sub(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text)
+    text = re.sub(r"^Load model from .*? failed:\s*", "", text)
+    text = _strip_source_location(text)
+    return _short(text) or type(error).__name__
+
+
+def _explain_load_error(error: BaseException) -> str:
+    """ONNX Runtime's load exception as one short sentence about the file."""
+    text = short_ort_message(error)
+    low = text.lower()
+    ir = re.search(r"ir version:?\s*(\d+).*?max supported ir version:?\s*(\d+)", low)
+    if ir:
+        return (
+            f"the model's ONNX IR version {ir.group(1)} is newer than this onnxruntime "
+            f"supports ({ir.group(2)}); export with an older IR version or upgrade onnxruntime"
+        )
+    if "protobuf parsing failed" in low:
+        return "not an ONNX model, or a truncated or corrupt one (protobuf parsing failed)"
+    if "no graph was found" in low:
+        return "not an ONNX model (no graph in the file; is it empty?)"
+    return f"ONNX Runtime cannot load it: {text}"
+
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class OrtSession:
+    """One ONNX Runtime ``InferenceSession`` behind the small interface ``Network`` uses."""
+
+    def __init__(self, session) -> None:
+        self._session = session
+        self.providers: list[str] = list(session.get_providers())
+        self.inputs = session.get_inputs()
+        self.outputs = session.get_outputs()
+        meta = session.get_modelmeta()
+        self.metadata: dict[str, str] = dict(meta.custom_metadata_map or {})
+        self.producer: str = meta.producer_name or ""
+        self._input = self.inputs[0].name
+
+    def run_into(self, planes: np.ndarray, targets: list[tuple[str, np.ndarray]]) -> None:
+        """Run ``planes`` (C-contiguous, the input's dtype) with each output written into its
+        buffer (C-contiguous, the output's dtype and shape). A fresh ``IOBinding`` per call, so
+        that concurrent calls share no Python state; ``Run`` releases the GIL. The buffers are
+        host memory: on a GPU provider ONNX Runtime copies them to and from the device itself."""
+        binding = self._session.io_binding()
+        binding.bind_input(self._input, "cpu", 0, planes.dtype, planes.shape, planes.ctypes.data)
+        for name, buffer in targets:
+            binding.bind_output(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
+        self._session.run_with_iobinding(binding)
+
+
+class OrtSessionFactory:
+    """Makes ONNX Runtime sessions with cyzero's settings.
+
+    ``cuda_options`` are added to the CUDA provider's options. Its default
+    ``cudnn_conv_algo_search`` is ``HEURISTIC``: the default (``EXHAUSTIVE``)
+    benchmarks cuDNN's algorithms at every new shape, which took up to 1.4 s a
+    shape on an H100 and 3-5x longer overall whenever shapes changed.
+    ``arena_extend_strategy`` ``kSameAsRequested`` keeps each session's arena
+    at what it uses rather than the next power of two.
+    """
+
+    def __init__(self, *, device_id: int = 0, intra_threads: int = 0, inter_threads: int = 1,
+                 allow_spinning: bool = True, folder: str = ".", trt_fp16: bool = True,
+                 trt_cache_dir: Optional[str] = None, cache_key: str = "",
+                 cuda_options: Optional[dict] = None) -> None:
+        self.device_id = int(device_id)
+        self.intra_threads = intra_threads
+        self.inter_threads = inter_threads
+        self.allow_spinning = allow_spinning
+        self.folder = folder
+        self.trt_fp16 = trt_fp16
+        self.trt_cache_dir = trt_cache_dir
+        self.cache_key = cache_key
+        self.cuda_options = {"cudnn_conv_algo_search": "HEURISTIC",
+                             "arena_extend_strategy": "kSameAsRequested", **(cuda_options or {})}
+
+    @staticmethod
+    def listed() -> list[str]:
+        return available_providers()
+
+    @staticmethod
+    def prepare_gpu() -> None:
+        _preload_gpu_libraries()
+
+    @staticmethod
+    def why_failed(provider: str, error: BaseException | None) -> str:
+        return _why_provider_failed(provider, error)
+
+    def make(self, data: bytes, provider: str, batch: Optional[int] = None,
+             batch_dim: Optional[str] = None) -> OrtSession:
+        ort = _ort()
+        options = self._session_options()
+        if batch is not None and batch_dim:
+            options.add_free_dimension_override_by_name(batch_dim, int(batch))
+        cuda = (CUDA, {"device_id": self.device_id, **self.cuda_options})
+        if provider == TENSORRT:
+            providers = [(TENSORRT, self._trt_options(batch)), cuda, CPU]
+        elif provider == CUDA:
+            providers = [cuda, CPU]
+        else:
+            providers = [CPU]
+        # enable_fallback=0: ONNX Runtime's own fallback prints a banner to stdout (the UCI channel).
+        return OrtSession(ort.InferenceSession(data, options, providers=providers, enable_fallback=0))
+
+    def _session_options(self):
+        ort = _ort()
+        so = ort.SessionOptions()
+        so.log_severity_level = _QUIET
+        so.logid = "cyzero.network"
+        so.intra_op_num_threads = self.intra_threads
+        so.inter_op_num_threads = self.inter_threads
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if self.allow_spinning else "0"
+        )
+        # The model is loaded from the bytes that were hashed; external weights (a model
+        # over 2 GB, or one saved with save_as_external_data) are found beside the file.
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", self.folder)
+        return so
+
+    def _trt_options(self, batch: Optional[int]) -> dict:
+        """One optimisation profile of exactly ``batch`` (the session only ever sees it), with
+        the built engines cached by network and size: building one takes minutes."""
+        from engine.encoding import PLANES
+
+        shape = f"{PLANES}x8x8"
+        size = int(batch or 1)
+        options = {
+            "device_id": self.device_id,
+            "trt_fp16_enable": self.trt_fp16,
+            "trt_profile_min_shapes": f"/input/planes:{size}x{shape}",
+            "trt_profile_opt_shapes": f"/input/planes:{size}x{shape}",
+            "trt_profile_max_shapes": f"/input/planes:{size}x{shape}",
+        }
+        base = os.fspath(
+            self.trt_cache_dir
+            or os.environ.get("CYZERO_TRT_CACHE")
+            or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                "cyzero",
+                "tensorrt",
+            )
+        )
+        cache = os.path.join(base, self.cache_key or "any", f"batch-{size}")
+        try:
+            # TensorRT creates the last level itself, only when it really starts, so a machine
+            # without TensorRT gets at most the (empty) parent folders.
+            os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+        except OSError:
+            return options  # no cache: TensorRT rebuilds its engine each time
+        options.update(
+            trt_engine_cache_enable=True,
+            trt_engine_cache_path=cache,
+            trt_timing_cache_enable=True,
+            trt_timing_cache_path=cache,
+        )
+        return options
+
+
+# --------------------------------------------------------------------------- provider choice
+
+
+def gpu_attempts(backend: str, listed: list[str]) -> list[str]:
+    """The GPU providers to try for ``backend``, best first (``auto``: those ``listed``)."""
+    if backend == "cpu":
+        return []
+    wanted = [TENSORRT, CUDA] if backend in ("auto", "tensorrt") else [CUDA]
+    if backend == "auto":
+        wanted = [p for p in wanted if p in listed]
+    return wanted
+
+
+def open_session(factory, data: bytes, backend: str, name: str, log: Callable[[str], object],
+                 batch: Optional[int] = None):
+    """The session on the best usable provider; one ``log`` line if a GPU was wanted but not had.
+
+    ``batch``: the one batch size a GPU session will see. A failed GPU attempt
+    may be the provider's fault or the file's; the CPU attempt that follows
+    tells them apart: if the CPU cannot load the file either, its error is the
+    one reported (as a NetworkError) and no fallback line is written. A GPU
+    attempt that ONNX Runtime quietly turned into a CPU session is kept as the
+    CPU session.
+    """
+    failures: list[str] = []  # "CUDA unavailable (reason)", joined into the one fallback line
+    cpu_session = None
+    attempts = gpu_attempts(backend, factory.listed())
+    if attempts:
+        factory.prepare_gpu()
+    for wanted in attempts:
+        error: BaseException | None = None
+        session = None
+        try:
+            with _silenced_ort_logger():
+                session = factory.make(data, wanted, batch)
+        except Exception as e:  # noqa: BLE001 - the provider's fault or the file's; see above
+            error = e
+        got = session.providers[0] if session is not None else None
+        if got != wanted:
+            failure = f"{LABEL[wanted]} unavailable ({factory.why_failed(wanted, error)})"
+            if failure not in failures:
+                failures.append(failure)
+        if got in (TENSORRT, CUDA):
+            if failures:
+                log("; ".join(failures) + f"; using {LABEL[got]}")
+            return session
+        if got == CPU and session.providers == [CPU]:
+            cpu_session = session
+            break  # the next GPU attempt would fail the same way (TensorRT needs CUDA too)
+    if cpu_session is None:
+        try:
+            cpu_session = factory.make(data, CPU)
+        except Exception as e:  # noqa: BLE001 - any load failure is a NetworkError
+            raise NetworkError(f"{name}: {_explain_load_error(e)}") from None
+    if failures:
+        log("; ".join(failures) + "; using CPU")
+    return cpu_session
