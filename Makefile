@@ -4,6 +4,10 @@
 #   make test     same set-up, then the whole test suite, in parallel
 #                 (TESTS=tests/test_x.py picks files, ARGS='-k name -rs' adds pytest options)
 #   make bench    same set-up, then `cyzero bench perft`
+#   make gpu-check  same set-up, then, on a machine with a CUDA GPU, the `gpu` tests and the GPU
+#                 benchmarks (nn, search, selfplay, train) with one summary table at the end; each
+#                 bench's JSON goes to GPUCHECK_OUT (default a new temp folder). Without a usable
+#                 GPU it stops at once and says why (docs/gpu.md)
 #   make train    same set-up, then a training run on this machine: `cyzero-train run $(RUN)`,
 #                 started with the bundled CPU config (--config cpu) and resumed with the run's
 #                 own RUN/config.toml, so edits to it are kept (RUN=runs/x picks the run
@@ -34,7 +38,7 @@ TORCH_SPEC := $(VENV)/.cyzero-torch
 BUILT := $(VENV)/.cyzero-built
 CORE_SOURCES := $(wildcard cython_src/*.pyx) $(wildcard engine/*.pxd) setup.py
 
-.PHONY: all venv install build engine train test bench clean distclean FORCE
+.PHONY: all venv install build engine train test bench gpu-check clean distclean FORCE
 
 all: build
 
@@ -90,6 +94,34 @@ test: $(BUILT)
 
 bench: $(BUILT)
 	@$(VENV)/bin/cyzero bench perft $(ARGS)
+
+# The gpu tests (ARGS adds pytest options), then each GPU bench with its JSON in $GPUCHECK_OUT/NAME.json
+# and its stderr in NAME.log; a step that fails is reported and the next one still runs. The summary
+# (trainer/gpucheck.py) reads the folder; the exit status is 1 when a test or a bench failed.
+# GPU_NN_BATCHES: the batch sizes `bench nn` times (the padded sizes a GPU session runs).
+GPUCHECK_OUT ?=
+GPU_NN_BATCHES ?= 1,2,4,8,16,32,64,128,256,512,1024,2048
+export GPUCHECK_OUT
+
+gpu-check: $(BUILT)
+	@$(VPY) -m trainer.gpucheck --preflight || exit 2; \
+	out="$${GPUCHECK_OUT:-$$(mktemp -d "$${TMPDIR:-/tmp}/cyzero-gpucheck.XXXXXX")}"; \
+	mkdir -p "$$out" || exit 2; \
+	echo "gpu-check: results go to $$out" >&2; \
+	status=0; \
+	echo "gpu-check: pytest -m gpu" >&2; \
+	$(VPY) -m pytest -q -m gpu -rs --junitxml="$$out/gpu-tests.xml" $(TESTS) $(ARGS) >&2 || status=1; \
+	bench() { name=$$1; shift; echo "gpu-check: $$name: $$*" >&2; \
+		if "$$@" > "$$out/$$name.json" 2> "$$out/$$name.log"; then :; else \
+			echo "gpu-check: $$name failed (exit $$?): see $$out/$$name.log" >&2; status=1; fi; }; \
+	bench nn $(VENV)/bin/cyzero bench nn --backend cuda --json --batches $(GPU_NN_BATCHES) \
+		--net engine/nets/default.onnx --net engine/nets/default.fp16.onnx; \
+	bench search $(VENV)/bin/cyzero bench search --backend cuda --json; \
+	bench selfplay $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --json; \
+	bench selfplay-gpu $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --config gpu --json; \
+	bench train $(VENV)/bin/cyzero-train bench train --json; \
+	$(VPY) -m trainer.gpucheck "$$out" || status=1; \
+	exit $$status
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

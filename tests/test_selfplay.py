@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import io
+import threading
+import time
 
 import chess
 import chess.pgn
@@ -240,21 +244,86 @@ def test_bad_game_count_is_refused(network):
         SelfPlay(network, tiny(), games=0)
 
 
+# --------------------------------------------------------------------------- short games
+
+
+def check_games_as_played(games: list[FinishedGame], settings: SelfPlaySettings) -> None:
+    """What is true of every finished game, short ones included: a legal PGN and a result; one record
+    per full search, so anything from none up to one per searched ply, about ``full_search_prob`` of
+    all searched plies together."""
+    for game in games:
+        _, boards = replay(game)
+        assert len(boards) == game.plies + 1 and game.result in ("1-0", "0-1", "1/2-1/2")
+        assert game.records.dtype == RECORD_DTYPE and game.records.ndim == 1
+        assert 0 <= len(game.records) <= game.plies - settings.opening_plies
+    recorded = sum(len(g.records) for g in games)
+    searched = sum(g.plies - settings.opening_plies for g in games)
+    assert abs(recorded / searched - settings.full_search_prob) < 0.1, (recorded, searched)
+
+
+def test_a_short_game_can_finish_without_a_record(network):
+    """Under playout cap randomisation only full searches are recorded, so a game of n searched plies
+    has no record with probability (1 - full_search_prob) ** n. Such a game is still a finished game
+    (result, PGN), with an empty record array. These are the GPU test's settings and seed: game 49 of
+    the 64 (28 searched plies, all fast) is one, on the CPU as on the GPU."""
+    settings = tiny(max_plies=30)
+    selfplay = SelfPlay(network, settings, games=64)
+    try:
+        games = play(selfplay, 8)
+    finally:
+        selfplay.close()
+    check_games_as_played(games, settings)
+    empty = [g for g in games if len(g.records) == 0]
+    assert empty, "seed 7 plays a game with no full search"
+    for game in empty:
+        assert game.records.shape == (0,) and game.plies == 30 and game.termination == "max_plies"
+
+
+def test_the_worker_counts_a_game_without_a_record_and_sends_nothing(network):
+    """The replay store keeps no empty game (and writes no empty chunk), so the worker's link counts
+    such a game as finished (in its games/h) and never sends it; a game with records goes out."""
+    from trainer import wire
+    from trainer.worker import _Link
+
+    selfplay = SelfPlay(network, tiny(max_plies=4, full_search_prob=1.0, opening_plies=0), games=1)
+    try:
+        (full,) = play(selfplay, 1)
+    finally:
+        selfplay.close()
+    assert len(full.records) == 4
+    empty = dataclasses.replace(full, game_id="0" * 32, records=np.zeros(0, RECORD_DTYPE))
+    stop = threading.Event()
+    register = wire.Register("w1", "host", 1, ("cpu",), "cyzero test")
+    # Nothing listens there: the link keeps what it queued, unacknowledged.
+    link = _Link("tcp://127.0.0.1:9", register, None, stop, lambda line: None)
+    try:
+        link.submit(empty)
+        link.submit(full)
+        deadline = time.monotonic() + 10.0
+        while link.games < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (link.games, link.empty) == (1, 1)
+        assert list(link.unacked) == [full.game_id]
+        assert link._rate(collections.deque([(time.monotonic() - 3600.0, 0, 0)]), time.monotonic())[1] == (
+            pytest.approx(2.0, rel=0.01))
+    finally:
+        link.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend, provider", [("cuda", "CUDAExecutionProvider"),
                                                ("tensorrt", "TensorrtExecutionProvider")])
 def test_selfplay_on_the_gpu_plays_the_same_kind_of_games(backend, provider):
     """Self-play through ONNX Runtime's CUDA (and TensorRT, where its libraries are there)
-    provider, with many games batched as a GPU worker plays them."""
+    provider, with many games batched as a GPU worker plays them: what is true of the CPU's games
+    (test_a_short_game_can_finish_without_a_record, same settings) is true of these."""
     gpu = Network(default_weights_path(), backend=backend)
     if gpu.provider != provider:
         pytest.skip(f"{backend}: ONNX Runtime fell back to {gpu.provider} here")
-    selfplay = SelfPlay(gpu, tiny(max_plies=30), games=64)
+    settings = tiny(max_plies=30)
+    selfplay = SelfPlay(gpu, settings, games=64)
     try:
         games = play(selfplay, 8)
     finally:
         selfplay.close()
-    for game in games:
-        _, boards = replay(game)
-        assert len(game.records) >= 1 and game.result in ("1-0", "0-1", "1/2-1/2")
-        assert len(boards) == game.plies + 1
+    check_games_as_played(games, settings)
