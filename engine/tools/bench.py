@@ -549,7 +549,9 @@ def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     """[(label, path)] to time: the bundled variants that exist, or the --net files (label None)."""
     if args.net:
         return [(None, path) for path in args.net]
-    nets_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nets")
+    from engine.weights import default_weights_path
+
+    nets_dir = os.path.dirname(default_weights_path())
     found = [(label, os.path.join(nets_dir, name)) for label, name in NN_VARIANTS]
     found = [(label, path) for label, path in found if os.path.exists(path)]
     if not found:
