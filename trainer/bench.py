@@ -237,6 +237,10 @@ def bench_train(
         if kind == "cpu":
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(threads)
+        else:  # the raw step runs with the learner's CUDA settings (cuDNN autotuner, TF32), before and after it
+            from trainer.learner import configure_device
+
+            configure_device(torch_device)
         raw = _raw_rates(net, batch, torch_device, config.train.amp, log_interval, intervals)
         log(f"bench train: raw {statistics.median(raw):,.0f} samples/s")
 

@@ -63,7 +63,8 @@ __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "net_config", "compute_losses", "policy_cross_entropy",
     "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path", "network_path",
     "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
-    "GENERATIONS_FILE", "TENSORBOARD_DIR", "initialize_run", "newest_generation",
+    "GENERATIONS_FILE", "TENSORBOARD_DIR", "initialize_run", "newest_generation", "configure_device",
+    "pinned_transfer", "DeviceFeed",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -135,6 +136,53 @@ def net_config(config: TrainConfig) -> NetConfig:
     """The :class:`NetConfig` the ``[model]`` section describes."""
     m = config.model
     return NetConfig.from_name(m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left)
+
+
+def configure_device(device: torch.device) -> None:
+    """What a CUDA rank trains with (the bench's raw step too): its GPU as the current device,
+    cuDNN's autotuner (every step has the same shapes) and TF32 float32 matmuls. Nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")
+
+
+def pinned_transfer(device: torch.device | str) -> bool:
+    """Whether batches for ``device`` come in pinned (page-locked) host memory and go to it by
+    non-blocking copies on a side stream (:class:`DeviceFeed`): on CUDA only. A CPU rank uses
+    the loader's tensors as they are (pinning needs a CUDA build, and a copy would only cost)."""
+    return torch.device(device).type == "cuda"
+
+
+class DeviceFeed:
+    """Moves the loader's batches to the training device.
+
+    On CUDA (:func:`pinned_transfer`) the loader hands a batch over in pinned memory and its
+    copy is queued with ``non_blocking=True`` on a side stream. The host queues step k's kernels
+    and goes on to batch k + 1 without waiting for the GPU (the loop does not sync between log
+    intervals), so batch k + 1's copy runs while the GPU still computes step k: one batch
+    prefetched onto the device, the copy engine beside the compute instead of in front of it.
+    The compute stream waits for the copy (an event, on the device, not the host) before it
+    uses the batch, and ``record_stream`` stops the caching allocator from giving the batch's
+    memory to a later copy while the step still reads it. On the CPU a batch goes through as
+    it is (``Tensor.to`` of a tensor already there returns it).
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device) if pinned_transfer(self.device) else None
+
+    def __call__(self, batch):
+        """``batch`` (a NamedTuple of tensors) on the device, ready for the current stream to use."""
+        if self.stream is None:
+            return type(batch)(*(t.to(self.device) for t in batch))
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.stream):
+            moved = [t.to(self.device, non_blocking=True) for t in batch]
+        compute.wait_stream(self.stream)
+        for t in moved:
+            t.record_stream(compute)
+        return type(batch)(*moved)
 
 
 # --------------------------------------------------------------------------- losses
@@ -473,6 +521,49 @@ class _Launch:
     report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
 
 
+class _StopVote:
+    """Whether any rank was asked to stop, agreed by every rank at the same call: a MAX
+    all-reduce of each rank's flag (every rank calls it at the same points of the loop).
+
+    Unlagged (gloo on the CPU), each call answers with its own reduction. ``lagged`` (nccl on
+    CUDA): reading a reduced flag at once would make the host wait, every step, for the step it
+    has just queued, and the GPU would then idle while the host fetches the next batch and
+    queues its kernels. So each call queues its flag's all-reduce behind the step, with a
+    non-blocking copy of the result into pinned host memory, and answers with the previous
+    call's result: the host waits at most for the step before, while this one is queued. Every
+    rank reads the same reduced value at the same call, so all of them still stop after the
+    same step, one step later than they would at once. ``now=True`` answers with this call's
+    own reduction (the learner waiting for data asks so: no step is queued to hide the wait).
+    """
+
+    def __init__(self, device: torch.device, *, lagged: bool):
+        self.lagged = lagged
+        self.flag = torch.zeros(1, device=device)
+        on_cuda = device.type == "cuda"
+        self.host = torch.zeros(2, pin_memory=on_cuda)  # the results of the last two calls
+        self.events = [torch.cuda.Event() for _ in range(2)] if on_cuda else None
+        self.calls = 0
+
+    def __call__(self, requested: bool, *, now: bool = False) -> bool:
+        self.flag.fill_(1.0 if requested else 0.0)
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        if not self.lagged:
+            return bool(self.flag.item())
+        slot = self.calls % 2
+        self.calls += 1
+        self.host[slot].copy_(self.flag[0], non_blocking=True)
+        if self.events is not None:
+            self.events[slot].record()
+        if now:
+            return self._read(slot)
+        return self.calls > 1 and self._read(1 - slot)
+
+    def _read(self, slot: int) -> bool:
+        if self.events is not None:
+            self.events[slot].synchronize()
+        return bool(self.host[slot] > 0)
+
+
 class _Learner:
     """One rank's training loop (rank 0 also writes the run's files)."""
 
@@ -517,16 +608,17 @@ class _Learner:
         self.reporter = _Reporter(self, launch) if rank == 0 and launch.report else None
         self._exit_at = _exit_hook(rank)
         self.stop_requested = threading.Event()  # set by SIGTERM/SIGINT (see _run_rank)
-        self._stop_flag = torch.zeros(1, device=device)
+        self._stop_vote = _StopVote(device, lagged=device.type == "cuda") if world > 1 else None
+        self.feed = DeviceFeed(device)
 
-    def _should_stop(self) -> bool:
+    def _should_stop(self, *, now: bool = False) -> bool:
         """Whether any rank was asked to stop; every rank calls it at the same points (after each
-        step, at each look for data), so all of them stop after the same step."""
-        if self.world == 1:
+        step, at each look for data), so all of them stop after the same step (on CUDA, ranks
+        agree one step later, so that the host never waits for the step it has just queued:
+        :class:`_StopVote`; ``now``: at once, as while waiting for data)."""
+        if self._stop_vote is None:
             return self.stop_requested.is_set()
-        self._stop_flag.fill_(1.0 if self.stop_requested.is_set() else 0.0)
-        dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX)
-        return bool(self._stop_flag.item())
+        return self._stop_vote(self.stop_requested.is_set(), now=now)
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -694,7 +786,7 @@ class _Learner:
         if self.loader is None:  # it follows the sampler: a new snapshot restarts its workers
             self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
                                        workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch,
-                                       pin_memory=self.device.type == "cuda")
+                                       pin_memory=pinned_transfer(self.device))
         waiting = False
         while True:
             try:
@@ -707,14 +799,14 @@ class _Learner:
                     self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
                     waiting = True
                 self.stop_requested.wait(self.cfg.train.starved_poll_s)
-                if self._should_stop():
+                if self._should_stop(now=True):
                     self.log(f"learner: asked to stop at step {self.step:,} while waiting for data")
                     return None
                 self._refresh()
                 continue
             if waiting:
                 self.log(f"learner: new data, going on at step {self.step:,}")
-            return type(batch)(*(t.to(self.device, non_blocking=True) for t in batch))
+            return self.feed(batch)
 
     # ---------------------------------------------------------------- loop
 
@@ -930,9 +1022,7 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
     cfg = from_dict(launch.config)
     if launch.kind == "cuda":
         device = torch.device("cuda", launch.device_ids[local] if launch.device_ids else local)
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-        torch.set_float32_matmul_precision("high")
+        configure_device(device)
     else:
         device = torch.device("cpu")
         if world > 1:  # the ranks share the cores (or OMP_NUM_THREADS, torch's default, if set)

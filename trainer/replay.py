@@ -61,11 +61,13 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from engine.encoding import POLICY_SIZE
 from engine.files import atomic_open, fsync_dir
 from trainer.config import ReplayConfig
 from trainer.records import (
+    INPUT_PLANES,
     RECORD_BYTES,
     RECORD_DTYPE,
     RECORD_VERSION,
@@ -634,7 +636,7 @@ class ReplaySampler:
 
 
 class Batch(NamedTuple):
-    """Torch tensors, CPU."""
+    """Torch tensors, CPU: consecutive views of one float32 buffer (:func:`_pack`)."""
 
     planes: torch.Tensor      # float32 [n,112,8,8]
     policy: torch.Tensor      # float32 [n,1858], -1 on illegal moves
@@ -642,9 +644,51 @@ class Batch(NamedTuple):
     plies_left: torch.Tensor  # float32 [n]
 
 
-def _to_batch(records: np.ndarray) -> Batch:
+#: One position's share of a packed batch, field by field in Batch's order.
+_FIELD_SHAPES: tuple[tuple[int, ...], ...] = ((INPUT_PLANES, 8, 8), (POLICY_SIZE,), (3,), ())
+_FIELD_FLOATS = tuple(math.prod(shape) for shape in _FIELD_SHAPES)
+_POSITION_FLOATS = sum(_FIELD_FLOATS)
+
+
+def _pack(records: np.ndarray, *, shared: bool = False) -> torch.Tensor:
+    """The decoded ``records`` as ONE 1-D float32 tensor: all the planes, then all the policies,
+    the WDLs and the plies left (:func:`_unpack` gives the :class:`Batch` of views).
+
+    A loader worker hands the learner one shared-memory segment a batch instead of four (one
+    descriptor to pass and one buffer to unpickle, in the learner's process, where that work
+    competes with the training loop for the GIL), which the loader pins in one copy on CUDA.
+    ``shared``: the buffer is made in shared memory, so handing it over copies nothing more.
+    """
     sample = decode_records(records)
-    return Batch(*(torch.from_numpy(np.ascontiguousarray(x)) for x in sample))
+    n = len(records)
+    count = n * _POSITION_FLOATS
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if shared and new_shared is not None and count:
+        flat = torch.empty(0, dtype=torch.float32).set_(new_shared(count * 4))
+    else:
+        flat = torch.empty(count, dtype=torch.float32)
+    out = flat.numpy()
+    at = 0
+    for values, floats in zip(sample, _FIELD_FLOATS):
+        out[at:at + n * floats] = np.asarray(values, dtype=np.float32).reshape(-1)
+        at += n * floats
+    return flat
+
+
+def _unpack(flat: torch.Tensor) -> Batch:
+    """The :class:`Batch` whose fields are views of a buffer :func:`_pack` made (no copy)."""
+    n, rest = divmod(flat.numel(), _POSITION_FLOATS)
+    if rest or flat.dim() != 1:
+        raise ValueError(f"a packed batch is 1-D with a multiple of {_POSITION_FLOATS} floats, got {tuple(flat.shape)}")
+    fields, at = [], 0
+    for shape, floats in zip(_FIELD_SHAPES, _FIELD_FLOATS):
+        fields.append(flat[at:at + n * floats].view(n, *shape))
+        at += n * floats
+    return Batch(*fields)
+
+
+def _to_batch(records: np.ndarray) -> Batch:
+    return _unpack(_pack(records))
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -671,7 +715,8 @@ def _mark_bad(path: Path, reason: str) -> bool:
 
 
 class _BatchReader(Dataset):
-    """Batch number -> (number, rank's Batch, new bad-chunk messages): the loader's dataset.
+    """Batch number -> (number, rank's batch packed (:func:`_pack`), new bad-chunk messages): the
+    loader's dataset.
 
     Runs in the worker processes; keeps each chunk it touched memory-mapped.
     """
@@ -737,7 +782,7 @@ class _BatchReader(Dataset):
             self._open.popitem(last=False)
         return data
 
-    def __getitem__(self, batch: int) -> tuple[int, Batch, list[str]]:
+    def __getitem__(self, batch: int) -> tuple[int, torch.Tensor, list[str]]:
         w = self.window
         a, b = self.rank * w.batch_size // self.world, (self.rank + 1) * w.batch_size // self.world
         chunk, offsets = w.draw(batch)
@@ -761,7 +806,7 @@ class _BatchReader(Dataset):
         else:
             raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
         found, self._found = self._found, []
-        return batch, _to_batch(records), found
+        return batch, _pack(records, shared=get_worker_info() is not None), found
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -785,6 +830,12 @@ class ReplayLoader:
     when the cap is reached (call ``sampler.refresh()`` when new data came, then
     ``next()`` again).  A new snapshot or a loaded cursor restarts the workers;
     batches prefetched from the old plan are dropped.
+
+    ``pin_memory`` (for a CUDA learner; ignored where torch has no CUDA): every batch is
+    handed over in page-locked memory, so that its copy to the GPU can be asynchronous
+    (``non_blocking``). With workers, the DataLoader's pinning thread copies each packed
+    batch (one buffer, :func:`_pack`) into pinned memory ahead of time; without workers the
+    batch is pinned as it is handed over.
     """
 
     def __init__(self, store: ReplayStore, sampler: ReplaySampler, *, rank: int = 0, world: int = 1,
@@ -797,7 +848,8 @@ class ReplayLoader:
             raise ValueError(f"need workers >= 0 and prefetch >= 1, got {workers} and {prefetch}")
         self.store, self.sampler = store, sampler
         self.rank, self.world = rank, world
-        self.workers, self.prefetch, self.pin_memory = workers, prefetch, pin_memory
+        self.workers, self.prefetch = workers, prefetch
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self._iter: Iterator | None = None
         self._state: tuple[int, int] | None = None   # (sampler version, next batch) the stream follows
         self._left = 0
@@ -836,7 +888,7 @@ class ReplayLoader:
             self._start()
         if self._left == 0 or self._iter is None:
             raise DataStarved(s.starved_message())
-        number, batch, found = next(self._iter)
+        number, flat, found = next(self._iter)
         if number != s.next_batch:
             raise RuntimeError(f"replay loader delivered batch {number}, expected {s.next_batch}")
         for reason in found:
@@ -844,7 +896,9 @@ class ReplayLoader:
         s.advance()
         self._left -= 1
         self._state = (s.version, s.next_batch)
-        return batch
+        if self.pin_memory and not flat.is_pinned():   # no workers: no pinning thread either
+            flat = flat.pin_memory()
+        return _unpack(flat)
 
     def close(self) -> None:
         self._stop()
