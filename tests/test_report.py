@@ -217,3 +217,16 @@ def test_plot_draws_the_gating_chart(daemon_run, tmp_path, capsys):
     (gating_only / "gating.jsonl").write_bytes((daemon_run / "gating.jsonl").read_bytes())
     assert main(["plot", str(gating_only), "--out", str(tmp_path / "g")]) == 0
     assert [os.path.basename(p) for p in capsys.readouterr().out.split()] == ["gating.png"]
+
+
+def test_status_shows_how_each_device_is_shared(tmp_path):
+    """A GPU with self-play workers and a learner rank says so: the run's split of its devices."""
+    from trainer.daemon import WORKERS_FILE, learner_ranks
+
+    split = {"cuda:0": {"selfplay_workers": 1, "games_per_worker": 256, "network_max_batch": 1024,
+                        "learner_ranks": learner_ranks("cuda:0")["cuda:0"]}}
+    (tmp_path / WORKERS_FILE).write_text(json.dumps({"time": 0, "workers": [], "devices": split}))
+    text = format_status(run_status(str(tmp_path)))
+    assert ("cuda:0      1 self-play worker (256 games, network batches up to 1024) and 1 learner rank, "
+            "sharing its time") in text
+    assert learner_ranks("cpu:2") == {"cpu": 2} and learner_ranks("cuda:0,1") == {"cuda:0": 1, "cuda:1": 1}

@@ -232,6 +232,34 @@ class _Worker:
 # --------------------------------------------------------------------------- the daemon
 
 
+
+def learner_ranks(learner_devices: str) -> dict[str, int]:
+    """The learner's ranks per device: ``cpu:N`` is N ranks on the CPU, ``cuda:0,1`` one rank a GPU."""
+    from trainer.worker import parse_devices
+
+    text = str(learner_devices).strip().lower()
+    if text == "cpu" or text.startswith("cpu:"):
+        count = text.partition(":")[2]
+        return {"cpu": int(count) if count.isdigit() and int(count) > 0 else 1}
+    return {device: 1 for device in parse_devices(text)}
+
+
+def describe_share(share: dict) -> str:
+    """One device's share as a person reads it: ``1 self-play worker (256 games, network batches up
+    to 1024) and learner rank(s) 1, sharing its time``."""
+    parts = []
+    workers = share.get("selfplay_workers") or 0
+    if workers:
+        batch = share.get("network_max_batch")
+        parts.append(f"{workers} self-play worker{'s' if workers != 1 else ''} ({share.get('games_per_worker')} games"
+                     + (f", network batches up to {batch}" if batch else "") + ")")
+    ranks = share.get("learner_ranks") or 0
+    if ranks:
+        parts.append(f"{ranks} learner rank{'s' if ranks != 1 else ''}")
+    text = " and ".join(parts) or "nothing"
+    return text + (", sharing its time" if workers and ranks else "")
+
+
 class Daemon:
     """The training daemon of one run directory; :func:`run_daemon` drives it.
 
@@ -371,6 +399,8 @@ class Daemon:
             self._gate_thread.start()
         self.log(f"serving {self.name}: workers at {self.endpoint}, announcements at {self.publish}"
                  f"{' (CurveZMQ)' if self.keys_dir else ''}; generation {self._current_generation()}")
+        for device, share in self.device_split().items():
+            self.log(f"{device}: {describe_share(share)}")
 
     def _resolve_openings(self) -> tuple[str, ...]:
         """selfplay.openings as FENs: bundled, a file relative to the run, or none."""
@@ -465,6 +495,23 @@ class Daemon:
                 self._workers[wid] = _Worker(wid, host=socket.gethostname(), devices=(device,), local=True,
                                              child=child)
         self._supervise()
+
+    def device_split(self) -> dict[str, dict]:
+        """What runs on each device: self-play workers (their games and the largest batch of their
+        network on a GPU) and learner ranks; a GPU that has both shares its time between them."""
+        from trainer.selfplay import settings_from_config, worker_max_batch
+
+        split: dict[str, dict] = {}
+        for device in self.devices:
+            games = self.config.selfplay.games_per_worker or (32 if device == "cpu" else 256)
+            gpu_batch = None if device == "cpu" else worker_max_batch(
+                games, settings_from_config(self.config.selfplay))
+            split[device] = {"selfplay_workers": self.workers_per_device, "games_per_worker": games,
+                             "network_max_batch": gpu_batch, "learner_ranks": 0}
+        for device, ranks in learner_ranks(self.learner_devices).items():
+            split.setdefault(device, {"selfplay_workers": 0, "games_per_worker": 0, "network_max_batch": None,
+                                      "learner_ranks": 0})["learner_ranks"] = ranks
+        return split
 
     def _children(self) -> list[_Child]:
         children = [w.child for w in self._workers.values() if w.child is not None]
@@ -770,7 +817,7 @@ class Daemon:
                 "restarts": w.child.restarts if w.child is not None else 0, "started": w.started,
             })
         report = {"time": now, "generation": self._current_generation(), "games": self._games_total,
-                  "positions": self._positions_total, "workers": rows}
+                  "positions": self._positions_total, "workers": rows, "devices": self.device_split()}
         learner = self._learner
         if learner is not None:
             report["learner"] = {"pid": learner.proc.pid if learner.alive() else None, "alive": learner.alive(),

@@ -21,7 +21,7 @@ from typing import Any
 
 from trainer.atomic import atomic_open, read_jsonl
 from trainer.config import load_run_config
-from trainer.daemon import DAEMON_FILE, GATING_FILE, PUBLISHED_FILE, WORKERS_FILE
+from trainer.daemon import DAEMON_FILE, GATING_FILE, PUBLISHED_FILE, WORKERS_FILE, describe_share
 from trainer.evaluate import read_evaluations
 from trainer.learner import GENERATIONS_FILE, METRICS_FILE, list_checkpoints
 from trainer.replay import ReplayStore, is_validation, window_size
@@ -175,8 +175,11 @@ def _daemon_status(run_dir: str) -> dict:
         learner = ({"pid": _num(learner.get("pid")), "alive": learner.get("alive") is True,
                     "devices": _text(learner.get("devices")), "restarts": _num(learner.get("restarts")),
                     "started": _num(learner.get("started"))} if isinstance(learner, dict) else None)
+        devices = workers.get("devices")
         workers = {
             "learner": learner,
+            "devices": {str(k): v for k, v in devices.items() if isinstance(v, dict)}
+            if isinstance(devices, dict) else {},
             "time": _num(workers.get("time")), "generation": _num(workers.get("generation")),
             "games": _num(workers.get("games")), "positions": _num(workers.get("positions")),
             "workers": rows,
@@ -307,6 +310,9 @@ def _format_daemon(status: dict, now: float) -> list[str]:
         lines.append(f"  learner     {'alive' if learner['alive'] else 'not running'} on {learner['devices'] or '?'}"
                      + (f", pid {learner['pid']}" if learner["pid"] is not None else "")
                      + f", {_plural(learner['restarts'] or 0, 'restart')}")
+    if workers and workers.get("devices"):
+        for device, share in workers["devices"].items():
+            lines.append(f"  {device:<11} {describe_share(share)}")
     published = status.get("published")
     if published:
         when = published.get("time")
