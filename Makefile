@@ -117,6 +117,9 @@ gpu-check: $(BUILT)
 	bench nn $(VENV)/bin/cyzero bench nn --backend cuda --json --batches $(GPU_NN_BATCHES) \
 		--net engine/nets/default.onnx --net engine/nets/default.fp16.onnx; \
 	bench search $(VENV)/bin/cyzero bench search --backend cuda --json; \
+	big=$$($(VPY) -c "from trainer.bench import fresh_network; from trainer.config import load_named_config; \
+		print(fresh_network(load_named_config('gpu')))") && \
+		bench search-20x256 $(VENV)/bin/cyzero bench search --backend cuda --json --net "$$big"; \
 	bench selfplay $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --json; \
 	bench selfplay-gpu $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --config gpu --json; \
 	bench train $(VENV)/bin/cyzero-train bench train --json; \

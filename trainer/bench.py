@@ -408,7 +408,7 @@ def format_selfplay_report(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def _fresh_network(cfg: Any) -> str:
+def fresh_network(cfg: Any) -> str:
     """A freshly initialised network of ``cfg``'s model, exported to a temporary ONNX file."""
     from trainer.export import export_onnx
     from trainer.learner import net_config
@@ -467,7 +467,7 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
         selfplay_keys = dataclasses.asdict(cfg.selfplay)
         games = games or cfg.selfplay.games_per_worker or None
         if network is None:
-            network = _fresh_network(cfg)
+            network = fresh_network(cfg)
     games = 32 if games is None else games
     if isinstance(games, bool) or not isinstance(games, int) or games < 1:
         raise ValueError(f"games must be a whole number >= 1, got {games!r}")

@@ -13,6 +13,7 @@ why, and the other rows are still printed. The files:
 ``gpu-tests.xml``     pytest's JUnit XML of ``-m gpu``
 ``nn.json``           ``cyzero bench nn --backend cuda --json``
 ``search.json``       ``cyzero bench search --backend cuda --json``
+``search-20x256.json`` the same with a freshly initialised 20x256 (``--net``)
 ``selfplay.json``     ``cyzero-train bench selfplay --device cuda:0 --json``
 ``selfplay-gpu.json`` the same with ``--config gpu``
 ``train.json``        ``cyzero-train bench train --json``
@@ -41,6 +42,7 @@ TESTS_FILE = "gpu-tests.xml"
 BENCHES = (
     ("nn.json", "bench nn"),
     ("search.json", "bench search"),
+    ("search-20x256.json", "bench search, a fresh 20x256"),
     ("selfplay.json", "bench selfplay"),
     ("selfplay-gpu.json", "bench selfplay --config gpu"),
     ("train.json", "bench train"),
@@ -288,7 +290,7 @@ def rows(folder: str) -> list[Row]:
         table = _Table(title, data, name)
         if name == "nn.json":
             _nn(data, name, table)
-        elif name == "search.json":
+        elif name.startswith("search"):
             _search(data, name, table)
         elif name.startswith("selfplay"):
             _selfplay(data, name, table, defaults=name == "selfplay.json")

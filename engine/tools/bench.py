@@ -473,6 +473,14 @@ def _add_nn_arguments(parser: argparse.ArgumentParser) -> None:
         help="execution provider (default auto: TensorRT, then CUDA, then CPU)",
     )
     parser.add_argument(
+        "--cuda-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CUDA provider option to measure, e.g. cudnn_conv_algo_search=EXHAUSTIVE (repeatable; "
+             "the default is HEURISTIC, see engine/sessions.py)",
+    )
+    parser.add_argument(
         "--net",
         action="append",
         default=None,
@@ -545,6 +553,16 @@ def _time_batch(networks, planes, outputs, seconds: float) -> dict[str, dict]:
     }
 
 
+def _cuda_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BenchError(f"--cuda-option takes KEY=VALUE, got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
 def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     """[(label, path)] to time: the bundled variants that exist, or the --net files (label None)."""
     if args.net:
@@ -599,6 +617,7 @@ def bench_nn(args: argparse.Namespace) -> int:
                 log=log,
                 expected_sha256=expected,
                 warmup_batch=1,
+                cuda_options=_cuda_options(args.cuda_option),
             )
         except NetworkError as e:
             raise BenchError(str(e)) from None
