@@ -75,6 +75,19 @@ def test_a_batch_is_padded_to_the_next_size_and_the_padding_ignored():
     assert one_shape_each(gpu)
 
 
+def test_a_float16_network_is_padded_and_cast_the_same_way():
+    net32, _ = simulated_network(gpu=standin())
+    net16, gpu16 = simulated_network(gpu=standin(fp16=True))
+    assert net16.input_dtype is np.float16
+    planes = (np.random.default_rng(2).random((37, 112, 8, 8)) < 0.1).astype(np.float32)
+    _, wdl32, mlh32 = net32.evaluate(planes)
+    policy16, wdl16, mlh16 = net16.evaluate(planes)
+    assert policy16.dtype == wdl16.dtype == np.float32 and wdl16.shape == (37, 3)
+    np.testing.assert_allclose(wdl16, wdl32, atol=2e-3)
+    np.testing.assert_allclose(mlh16, mlh32)
+    assert one_shape_each(gpu16)
+
+
 def test_a_batch_above_the_largest_size_runs_in_chunks_of_fixed_sizes():
     net, gpu = simulated_network(gpu=standin())
     calls = len(gpu.calls)

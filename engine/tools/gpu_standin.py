@@ -71,14 +71,14 @@ class SimulatedSession:
 
     @property
     def inputs(self) -> list:
-        return [_Arg(INPUT_NAME, "tensor(float)", [self._dim, PLANES, 8, 8])]
+        return [_Arg(INPUT_NAME, self.gpu.element_type, [self._dim, PLANES, 8, 8])]
 
     @property
     def outputs(self) -> list:
-        outs = [_Arg(POLICY_NAME, "tensor(float)", [self._dim, POLICY_SIZE]),
-                _Arg(WDL_NAME, "tensor(float)", [self._dim, 3])]
+        kind = self.gpu.element_type
+        outs = [_Arg(POLICY_NAME, kind, [self._dim, POLICY_SIZE]), _Arg(WDL_NAME, kind, [self._dim, 3])]
         if self.gpu.mlh:
-            outs.append(_Arg(MLH_NAME, "tensor(float)", [self._dim, 1]))
+            outs.append(_Arg(MLH_NAME, kind, [self._dim, 1]))
         return outs
 
     @property
@@ -100,17 +100,19 @@ class SimulatedGPU:
     """A session factory whose sessions behave like ONNX Runtime's CUDA provider on an H100.
 
     ``call_s``, ``position_s`` and ``new_shape_s`` are the costs described in
-    the module docstring; ``mlh`` gives the sessions a moves-left output;
+    the module docstring; ``mlh`` gives the sessions a moves-left output, ``fp16``
+    float16 input and outputs (an fp16 export without ``keep_io_types``);
     a run of more than ``memory_rows`` positions fails as out of memory.
     """
 
     def __init__(self, call_s: float = H100_CALL_S, position_s: float = H100_POSITION_S,
                  new_shape_s: float = H100_NEW_SHAPE_S, *, mlh: bool = True,
-                 memory_rows: Optional[int] = None) -> None:
+                 memory_rows: Optional[int] = None, fp16: bool = False) -> None:
         self.call_s = call_s
         self.position_s = position_s
         self.new_shape_s = new_shape_s
         self.mlh = mlh
+        self.element_type = "tensor(float16)" if fp16 else "tensor(float)"   # an fp16 export's io
         self.memory_rows = memory_rows   # the largest batch whose session fits in memory (None: any)
         self._hiccup: Optional[tuple[float, Optional[int]]] = None
         self.sessions: list[SimulatedSession] = []
