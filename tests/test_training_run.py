@@ -215,3 +215,38 @@ def test_a_run_on_the_gpu_plays_on_cuda_and_learns_with_nccl(tmp_path):
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_a_run_on_a_simulated_gpu_plays_at_fixed_sizes_swaps_and_shows_the_split(tmp_path):
+    """The GPU path of a run without a GPU: the self-play worker on cuda:0 runs its network on the
+    GPU stand-in (one session per fixed size, two batches in flight) beside a CPU learner; games
+    finish, generations are published and swapped in, and status shows how cuda:0 is used."""
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    config = str(tmp_path / "tiny.toml")
+    with open(config, "w") as f:
+        f.write(CONFIG.replace("games_per_worker = 4", "games_per_worker = 16")
+                .replace('learner_devices = "cpu:2"', 'learner_devices = "cpu:1"'))
+    log_path = str(tmp_path / "daemon.log")
+    daemon = start_daemon(run, log_path, config, "--devices", "cuda:0", "--workers-per-device", "1",
+                          "--simulate-gpu")
+    try:
+        wait_for(lambda: published(run) and max(published(run)) >= 2, "two trained generations", daemon=daemon,
+                 timeout=240)
+        wait_for(lambda: any(w["generation"] and w["generation"] >= 2
+                             for w in read_json(os.path.join(run, "workers.json"))["workers"]),
+                 "the worker playing generation 2", daemon=daemon, timeout=120)
+        workers = read_json(os.path.join(run, "workers.json"))
+        assert workers["devices"]["cuda:0"] == {"selfplay_workers": 1, "games_per_worker": 16,
+                                                "network_max_batch": 256, "learner_ranks": 0}
+        assert any(w["devices"] == ["cuda:0"] and w["games"] > 0 for w in workers["workers"]), workers
+        status = subprocess.run([sys.executable, "-m", "trainer.cli", "status", run], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert "cuda:0      1 self-play worker (16 games, network batches up to 256)" in status.stdout
+        worker_log = open(os.path.join(run, "logs", "worker-cuda0-0.log")).read()
+        assert "CUDA" in worker_log and "batch 1/2/4/8/16/32/64/128/256" in worker_log, worker_log[-2000:]
+        stop_daemon(daemon, log_path)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

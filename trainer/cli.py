@@ -159,6 +159,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", default=None, help="self-play devices: cpu, or cuda:0,1,... (default: daemon.devices)")
     run.add_argument("--workers-per-device", type=int, default=None, metavar="K",
                      help="self-play worker processes per device (default: daemon.workers_per_device)")
+    run.add_argument("--simulate-gpu", action="store_true",
+                     help="self-play workers on cuda:N run their network on the GPU stand-in "
+                          "(engine.tools.gpu_standin) instead of a GPU: the GPU path without one")
     run.add_argument("--learner-devices", default=None,
                      help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices)")
 
@@ -174,6 +177,8 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--games", type=int, default=None,
                         help="games played at once (default: the run's selfplay.games_per_worker)")
     worker.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads on a CPU (default: its own)")
+    worker.add_argument("--simulate-gpu", action="store_true",
+                        help="on cuda:N, run the network on the GPU stand-in (engine.tools.gpu_standin)")
 
     bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay)",
                            description="Benchmarks of the training system, measured side by side in one run.")
@@ -468,14 +473,15 @@ def run_main(args: argparse.Namespace) -> int:
     from trainer.daemon import run_daemon
 
     return run_daemon(args.run_dir, config=args.config, devices=args.devices,
-                      workers_per_device=args.workers_per_device, learner_devices=args.learner_devices)
+                      workers_per_device=args.workers_per_device, learner_devices=args.learner_devices,
+                      simulate_gpu=args.simulate_gpu)
 
 
 def worker_main(args: argparse.Namespace) -> int:
     from trainer.worker import run_workers
 
     return run_workers(args.connect, keys=args.keys, devices=args.devices, name=args.name, games=args.games,
-                       threads=args.threads)
+                       threads=args.threads, simulate_gpu=args.simulate_gpu)
 
 
 _COMMANDS = {

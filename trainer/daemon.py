@@ -272,7 +272,7 @@ class Daemon:
     def __init__(self, run_dir: str | os.PathLike, config: TrainConfig, *, devices: Optional[str] = None,
                  workers_per_device: Optional[int] = None, learner_devices: Optional[str] = None,
                  log: Optional[Log] = None, worker_command: Optional[Callable[..., list[str]]] = None,
-                 learner_command: Optional[Callable[[str, str], list[str]]] = None):
+                 learner_command: Optional[Callable[[str, str], list[str]]] = None, simulate_gpu: bool = False):
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.config = config
         d = config.daemon
@@ -283,6 +283,7 @@ class Daemon:
         if not isinstance(self.workers_per_device, int) or self.workers_per_device < 1:
             raise ValueError(f"workers per device must be at least 1, got {self.workers_per_device!r}")
         self.learner_devices = learner_devices if learner_devices is not None else d.learner_devices
+        self.simulate_gpu = simulate_gpu   # the GPU workers' networks run on the stand-in
         self.log: Log = log or _stderr
         self._dropped = _Limited(self.log)
         if worker_command is not None:
@@ -327,6 +328,8 @@ class Daemon:
             command += ["--threads", str(threads)]
         if keys_dir is not None:
             command += ["--keys", keys_dir]
+        if self.simulate_gpu and device != "cpu":
+            command.append("--simulate-gpu")
         return command
 
     def learner_command(self, run_dir: str, learner_devices: str) -> list[str]:
@@ -910,7 +913,8 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
 
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
                devices: Optional[str] = None, workers_per_device: Optional[int] = None,
-               learner_devices: Optional[str] = None, log: Optional[Log] = None) -> int:
+               learner_devices: Optional[str] = None, log: Optional[Log] = None,
+               simulate_gpu: bool = False) -> int:
     """``cyzero-train run``: serve the run until SIGINT/SIGTERM (a second one kills the children at once).
 
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
@@ -919,7 +923,8 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
     stop = threading.Event()
     try:
         daemon = Daemon(run_dir, _resolve_config(run_dir, config), devices=devices,
-                        workers_per_device=workers_per_device, learner_devices=learner_devices, log=log)
+                        workers_per_device=workers_per_device, learner_devices=learner_devices, log=log,
+                        simulate_gpu=simulate_gpu)
         daemon.start()
     except (ValueError, OSError) as e:
         log(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

@@ -306,13 +306,15 @@ class Worker:
     daemon's sockets and the follower's.  ``games``: games played at once (None: the run's
     ``selfplay.games_per_worker``, else 256 on a GPU, 32 on the CPU).  ``threads``: ONNX
     Runtime's intra-op threads on the CPU.  ``stop``: set it (a signal handler does) to stop.
+    ``simulate_gpu``: on ``cuda:N``, the network runs on the GPU stand-in
+    (``engine.tools.gpu_standin``), which exercises the GPU path on a machine without one.
     ``log``: called with each line, already prefixed ``worker NAME:`` (default: stderr).
     """
 
     def __init__(self, connect: str, *, keys: Optional[str] = None, device: str = "cpu",
                  name: Optional[str] = None, games: Optional[int] = None, threads: Optional[int] = None,
                  log: Optional[Callable[[str], object]] = None, stop: Optional[threading.Event] = None,
-                 context: Any = None) -> None:
+                 context: Any = None, simulate_gpu: bool = False) -> None:
         self.connect = validate_endpoint(connect, "--connect")
         (self.device,) = parse_devices(device)
         self.name = name or default_name()
@@ -326,6 +328,7 @@ class Worker:
         self.keys = load_client_keys(keys) if keys else None  # a bad folder: KeyFileError now, not later
         self.games = games
         self.threads = threads
+        self.simulate_gpu = simulate_gpu and self.device != "cpu"
         self._log = log or _stderr
         self.stop = stop or threading.Event()
         self._context = context
@@ -409,6 +412,10 @@ class Worker:
         else:
             backend, device_id = "tensorrt", int(self.device.split(":")[1])  # falls back to CUDA, said once
             options = {"max_batch": max_batch}
+            if self.simulate_gpu:
+                from engine.tools.gpu_standin import SimulatedGPU
+
+                backend, options["session_factory"] = "cuda", SimulatedGPU()
         manager = NetworkManager(registered.path, backend=backend, device_id=device_id, threads=self.threads,
                                  network_options=options, log=self.say, keys=self.keys_dir, watch=False,
                                  zmq_context=self._context)
@@ -453,7 +460,7 @@ def _install_signals(stop: threading.Event) -> dict:
 
 def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu", name: Optional[str] = None,
                 games: Optional[int] = None, threads: Optional[int] = None,
-                log: Optional[Callable[[str], object]] = None) -> int:
+                log: Optional[Callable[[str], object]] = None, simulate_gpu: bool = False) -> int:
     """``cyzero-train worker``: one worker per device, until stopped; the exit status.
 
     A single device plays in this process; several devices get one subprocess each
@@ -472,7 +479,7 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
         old = _install_signals(stop)
         try:
             worker = Worker(connect, keys=keys, device=device_list[0], name=base, games=games, threads=threads,
-                            log=log, stop=stop)
+                            log=log, stop=stop, simulate_gpu=simulate_gpu)
             return worker.run()
         except ValueError as e:  # bad arguments or keys, bad settings from the daemon
             out(f"worker {base}: {e}")
@@ -486,6 +493,7 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
                    "--name", f"{base}-{device.replace(':', '')}"]
         command += (["--keys", keys] if keys else []) + (["--games", str(games)] if games else [])
         command += ["--threads", str(threads)] if threads is not None else []
+        command += ["--simulate-gpu"] if simulate_gpu and device != "cpu" else []
         children.append(subprocess.Popen(command))
     stop = threading.Event()
     old = _install_signals(stop)
