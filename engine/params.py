@@ -106,7 +106,7 @@ class SearchParams:
     seed: int = _param(0, 0, 2**31 - 1, "", "random seed of noise and temperature (0: a new one each game)", "Seed")
     # -- the search loop --------------------------------------------------------------------
     minibatch_size: int = _param(0, 0, 4096, "positions", "most leaves sent to the network in one batch "
-                                 "(0: the backend's choice: 16 on the CPU, the network's largest batch size "
+                                 "(0: the backend's choice: 8 on the CPU, the network's largest batch size "
                                  "on a GPU)", "MinibatchSize")
     multipv: int = _param(1, 1, 500, "lines", "root moves reported in each info", "MultiPV")
     smart_pruning_factor: float = _param(1.33, 0.0, 10.0, "",

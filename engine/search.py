@@ -50,8 +50,9 @@ BATCHES_PER_BUDGET = 8
 FIRST_TIMED_BATCH = 16
 # MinibatchSize 0 on a network of variable shapes (the CPU): leaves per batch. At the few
 # hundred nodes a move a CPU searches, a big batch is one virtual-loss sweep rather than a
-# best-first search: 16 beat 256 by about 200 Elo at 10+0.1 (docs/search.md has the matches).
-CPU_MINIBATCH = 16
+# best-first search: at 10+0.1, 8 beat 256 by 36-2-2 and 16 by 49-34-17 (README, "Search
+# parameters", has the matches).
+CPU_MINIBATCH = 8
 # Time extension: another move is "better by value" when its Q beats the most visited
 # move's and it has at least this share of its visits (a Q of a few visits is noise) ...
 EXTENSION_MIN_VISIT_SHARE = 0.1
