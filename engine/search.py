@@ -452,6 +452,8 @@ class Driver:
         self._batches = [Batch(capacity) for _ in range(2 if pipeline else 1)]
         self._executor: Optional[ThreadPoolExecutor] = None
         self._start_index = 0          # round-robin start when the batch cannot hold every search
+        self._timing = threading.Lock()
+        self._busy_until = 0.0         # when the network finished its last batch (clock)
 
     def drop(self) -> None:
         """Forget every gathered leaf (a new search re-roots the trees); call with the trees' lock held."""
@@ -479,7 +481,7 @@ class Driver:
         if self.speed.sizes != sizes:      # priced by the sizes this network really runs
             self.speed = EvalSpeed(sizes)
         free = list(self._batches)
-        pending: Optional[_Gathered] = None      # at the network
+        inflight: list[_Gathered] = []      # at the network, oldest first
         try:
             while True:
                 gathered = None
@@ -489,11 +491,11 @@ class Driver:
                     active = [s for s in searches if not s.done]
                     if active and free:
                         playouts = sum(s.tree.playouts for s in active)
-                        gathered = self._gather(free.pop(), active, len(pending.batch) if pending else 0)
+                        gathered = self._gather(free.pop(), active, sum(len(g.batch) for g in inflight))
                         if not len(gathered.batch):
                             free.append(gathered.batch)
                             gathered = None
-                            if pending is None:
+                            if not inflight:
                                 # Nothing for the network: every visit was resolved in the tree (or none
                                 # could be made). Judge the searches again, and give up on any that
                                 # cannot move at all.
@@ -506,22 +508,21 @@ class Driver:
                                 if on_round is not None:
                                     on_round(now)
                                 continue
-                    elif not active and pending is None:
+                    elif not active and not inflight:
                         return
-                if gathered is not None and pending is None:
-                    pending = self._submit(network, gathered)
+                if gathered is not None and (not inflight or self._send_early(gathered, inflight, stopped)):
+                    # With two batches, the second goes to the network as soon as it is gathered and
+                    # waits there, not here: the network goes from one to the next without waiting
+                    # for this thread to collect, back up and submit (on a GPU that gap was a
+                    # quarter of its time).
+                    inflight.append(self._submit(network, gathered))
                     gathered = None
-                    if self.pipeline:
+                    if self.pipeline and free:
                         continue      # gather the next batch while this one is at the network
-                if pending is None:
+                if not inflight:
                     continue
-                outputs, seconds, size = self._collect(pending)
-                collected, pending = pending, None
-                if gathered is not None and self._send_early(gathered, stopped):
-                    # The next batch goes to the network before this one is backed up: the network
-                    # never waits for a backup (on a GPU the backup took a quarter of its time).
-                    pending = self._submit(network, gathered)
-                    gathered = None
+                collected = inflight.pop(0)
+                outputs, seconds, size = self._collect(collected)
                 with lock:
                     if stopped():
                         return
@@ -546,13 +547,14 @@ class Driver:
                         free.append(gathered.batch)
                         gathered = None
                 if gathered is not None:
-                    pending = self._submit(network, gathered)
+                    inflight.append(self._submit(network, gathered))
         finally:
-            if pending is not None and pending.future is not None:
-                try:
-                    pending.future.result()   # its thread reads the planes until it returns
-                except Exception:
-                    pass
+            for waiting in inflight:
+                if waiting.future is not None:
+                    try:
+                        waiting.future.result()   # its thread reads the planes until it returns
+                    except Exception:
+                        pass
             with lock:
                 for batch in self._batches:
                     if len(batch):
@@ -562,17 +564,18 @@ class Driver:
 
     # -- one round -----------------------------------------------------------
 
-    def _send_early(self, gathered: _Gathered, stopped: Callable[[], bool]) -> bool:
-        """Whether the batch gathered meanwhile may go to the network before the one back from
-        it is backed up: yes, unless the search is stopped or a timed search in it would be
-        past its time before the batch came back (then the backup decides, as it may end it)."""
+    def _send_early(self, gathered: _Gathered, ahead: list[_Gathered], stopped: Callable[[], bool]) -> bool:
+        """Whether the batch just gathered may go to the network now, behind the ``ahead`` batches
+        still there, rather than after the oldest is backed up: yes, unless the search is
+        stopped or a timed search in it might be past its time before the batch came back
+        (then the backup decides, as it may end the search)."""
         if stopped():
             return False
         now = self.clock()
-        expected = self.speed.seconds_for(len(gathered.batch)) or 0.0
+        expected = sum(self.speed.seconds_for(len(g.batch)) or 0.0 for g in (*ahead, gathered))
         for s, _ in gathered.taken:
             window = s.time_window(now)
-            if window is not None and window[1] < 2 * expected:
+            if window is not None and window[1] < 1.5 * expected:
                 return False
         return True
 
@@ -629,16 +632,23 @@ class Driver:
         planes = gathered.batch.planes[:size]
         if self.pipeline:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cyzero-network")
+                # Two: the second batch waits at the network while the first runs.
+                self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cyzero-network")
             gathered.future = self._executor.submit(self._evaluate, network, planes)
         else:
             gathered.outputs = self._evaluate(network, planes)
         return gathered
 
     def _evaluate(self, network: Any, planes: Any) -> tuple[Any, float, int]:
+        """The outputs, the seconds the network spent on this batch, and its size. A batch that
+        waited at the network for the one before it is timed from when that one was done."""
         start = self.clock()
         outputs = network.evaluate(planes)
-        return outputs, self.clock() - start, len(planes)
+        with self._timing:
+            end = self.clock()
+            seconds = end - max(start, self._busy_until)
+            self._busy_until = end
+        return outputs, seconds, len(planes)
 
     @staticmethod
     def _collect(gathered: _Gathered) -> tuple[Any, float, int]:

@@ -352,7 +352,9 @@ def test_stopped_run_returns_and_drops_its_leaves():
 
     net = StopsItself()
     Driver(16, pipeline=True).run(net, [search], stopped=stop.is_set)
-    assert net.calls == 6 or net.calls == 5       # the batch gathered meanwhile is dropped, not sent
+    # The stop came during call 6; with two batches at the network, at most the one queued behind it
+    # was sent too, and nothing after: no call once the driver has seen the stop.
+    assert 5 <= net.calls <= 7
     search.tree.set_position(Board())
 
 
