@@ -519,6 +519,27 @@ def test_config_names_a_bundled_config_or_a_file(run_dir, tmp_path):
         _resolve_config(run_dir, "no-such-config")
 
 
+def test_the_users_config_is_left_as_written_and_the_learner_gets_the_daemons(run_dir, tmp_path):
+    """RUN/config.toml is the user's file: a daemon started with another --config says so and
+    leaves it; its own config goes to RUN/config.effective.toml, which its learner is told to read."""
+    mine = "# my notes\n" + CONFIG
+    with open(os.path.join(run_dir, "config.toml"), "w") as f:
+        f.write(mine)
+    other = tmp_path / "other.toml"
+    other.write_text(CONFIG.replace("flush_s = 0.2", "flush_s = 0.3"))
+    lines: list[str] = []
+    daemon = Daemon(run_dir, config(daemon={"flush_s": 0.3}), log=lines.append, config_source=str(other),
+                    worker_command=lambda *args: SLEEP, learner_command=lambda *args: SLEEP)
+    daemon.start()
+    daemon.stop()
+    learner = Daemon.learner_command(daemon, daemon.run_dir, "cpu:1")  # the real command, not the test's
+    assert open(os.path.join(run_dir, "config.toml")).read() == mine
+    assert f"config.toml is left as you wrote it; this run uses {other} (every key in config.effective.toml)" in lines
+    effective = os.path.join(run_dir, "config.effective.toml")
+    assert loads_config(open(effective).read()) == config(daemon={"flush_s": 0.3})
+    assert learner[learner.index("--config") + 1] == effective and "learn" in learner and "--follow" in learner
+
+
 def test_usable_cores_follows_the_affinity_so_taskset_sizes_the_workers():
     from trainer import usable_cores
 

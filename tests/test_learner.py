@@ -457,6 +457,12 @@ def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path
     assert stopped, out
     step = int(stopped[0].split("at step ")[1].split(":")[0].split()[0].replace(",", ""))
     assert step >= 2 and list_checkpoints(run)[-1][0] == step
+    # A stop is not on the schedule (a generation every 1,000 steps): it keeps a checkpoint, and
+    # exports no network (the daemon would publish every one of them)
+    assert not os.path.exists(os.path.join(run, "generations.jsonl")), out
+    assert not os.path.exists(os.path.join(run, "networks")), out
+    assert f"checkpoint checkpoints/step-{step:08d}.pt (a stop: no network exported; generation 1 comes at " \
+           "step 1,000)" in out
 
 
 @pytest.mark.parametrize("which", ["rank", "parent"])
@@ -528,9 +534,9 @@ def test_starved_learner_stops_cleanly_or_waits_with_follow(tmp_path):
         learn(run, steps=cap + 3, config_path=path, follow=True, progress=False, log=lines.append)))
     thread.start()
     deadline = time.monotonic() + 60
-    while not any("waiting for new data" in ln for ln in lines) and time.monotonic() < deadline:
+    while not any("waiting for self-play games" in ln for ln in lines) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert any("waiting for new data" in ln for ln in lines)
+    assert any("waiting for self-play games" in ln for ln in lines)
     rng = random.Random(99)
     store = ReplayStore(run)
     while ReplaySampler(store, WindowConfig(floor=100000, val_percent=30, max_samples_per_position=0.5),
@@ -538,6 +544,86 @@ def test_starved_learner_stops_cleanly_or_waits_with_follow(tmp_path):
         store.append_games([random_game(rng) for _ in range(3)], generation=1, source="test")
     thread.join(60)
     assert result == [0] and list_checkpoints(run)[-1][0] == cap + 3
+
+
+def test_a_following_learner_says_once_that_it_waits_for_games(tmp_path, capsys, one_thread):
+    """Under the daemon (--follow) the learner reaches the sampling cap again and again as games
+    come in: it says so once, in the daemon's words, not at every step; `status` shows the rest."""
+    from trainer.cli import main as cli
+
+    run = make_run(tmp_path / "run", TINY.replace("[replay]\n", "[replay]\nmax_samples_per_position = 0.5\n")
+                   .replace("[train]\n", "[train]\nstarved_poll_s = 0.05\n"))
+    train = ReplaySampler(ReplayStore(run), WindowConfig(floor=100000, val_percent=30), 16).training_positions
+    cap = int(0.5 * train) // 16
+    log = tmp_path / "learner.log"
+    with open(log, "wb") as out:  # as the daemon starts it: a process of its own, its output in a log
+        process = subprocess.Popen([sys.executable, "-m", "trainer.cli", "learn", run, "--steps", str(cap + 6),
+                                    "--follow", "--no-progress"], stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                   env=one_thread)
+    progress = os.path.join(run, "learner.json")
+
+    def learner_state():
+        try:
+            with open(progress) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None, -1
+        return record["state"], record["step"]
+
+    store = ReplayStore(run)
+    rng = random.Random(5)
+    waits = 0
+    deadline = time.monotonic() + 90
+    while process.poll() is None and time.monotonic() < deadline:
+        state, step = learner_state()
+        if state == "waiting":
+            waits += 1
+            capsys.readouterr()
+            assert cli(["status", run]) == 0
+            assert f"  training    step {step}: waiting for self-play games" in capsys.readouterr().out
+            while learner_state() == (state, step) and time.monotonic() < deadline:  # games for about a step
+                store.append_games([random_game(rng)], generation=1, source="test")
+                time.sleep(0.1)
+        time.sleep(0.02)
+    try:
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = log.read_text().splitlines()
+    assert waits >= 3, (waits, lines)
+    said = [ln for ln in lines if "waiting" in ln or "new games" in ln]
+    assert len([ln for ln in said if "waiting for self-play games" in ln]) == 1, said
+    assert len(said) == 2 and "new games came in, training goes on" in said[1], said
+    assert "`cyzero-train status RUN` shows the learner's step" in said[0]
+    capsys.readouterr()
+    assert cli(["status", run]) == 0
+    assert f"  training    stopped at step {cap + 6}" in capsys.readouterr().out
+
+
+def test_the_users_config_is_never_rewritten(tmp_path, capsys):
+    """RUN/config.toml is the user's: their comments and the keys they left out stay; the config
+    in use, every key, is RUN/config.effective.toml, and `status` reads that one."""
+    from trainer.cli import main as cli
+
+    mine = "# my experiment: a tiny net\n" + TINY.replace("floor = 100000", "floor = 100000  # keep it all")
+    run = make_run(tmp_path / "run", mine)
+    assert run_learn(run, steps=2)[0] == 0
+    assert open(os.path.join(run, CONFIG_FILE)).read() == mine
+    effective = open(os.path.join(run, "config.effective.toml")).read()
+    assert effective == to_toml(load_config(os.path.join(run, CONFIG_FILE)))
+
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.replace("floor = 100000", "floor = 123456"))
+    code, lines = run_learn(run, steps=4, config_path=other)
+    assert code == 0, lines
+    assert open(os.path.join(run, CONFIG_FILE)).read() == mine
+    assert any(f"{os.path.join(run, CONFIG_FILE)} is left as you wrote it; this start uses {other}" in ln
+               for ln in lines), lines
+    assert "floor = 123456" in open(os.path.join(run, "config.effective.toml")).read()
+    capsys.readouterr()
+    assert cli(["status", run]) == 0
+    assert "(floor 123,456)" in capsys.readouterr().out
 
 
 def test_bad_starts_are_one_line_errors(tmp_path):

@@ -64,9 +64,10 @@ def test_status_counts_what_the_store_and_logs_hold(run):
     assert "none yet: `cyzero-train learn RUN`" in text
 
 
-def test_status_of_an_empty_run_says_what_to_do(tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    assert main(["status", str(tmp_path / "empty")]) == 0
+def test_status_of_a_new_run_says_what_to_do(tmp_path, capsys):
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "config.toml").write_text('[model]\nnet = "1x8"\n')  # a run made by hand, no data yet
+    assert main(["status", str(tmp_path / "new")]) == 0
     out = capsys.readouterr().out
     assert "data        none yet" in out and "checkpoint  none yet" in out
 
@@ -75,7 +76,23 @@ def test_status_json_and_missing_run(run, tmp_path, capsys):
     assert main(["status", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["data"]["chunks"] == 12
     assert main(["status", str(tmp_path / "nowhere")]) == 2
-    assert "error: no run directory" in capsys.readouterr().err
+    assert "is not a run directory: there is no such folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["status", "plot"])
+def test_a_folder_that_is_not_a_run_is_said_to_be_one_and_left_alone(tmp_path, capsys, command):
+    """`status /tmp` and `plot /nonexistent`: "not a run directory", exit 2, and nothing is
+    written into the folder (no replay/, no plots/)."""
+    folder = tmp_path / "just-a-folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a run")
+    assert main([command, str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"cyzero-train {command}: error: {folder} is not a run directory" in err and "Traceback" not in err
+    assert sorted(os.listdir(folder)) == ["notes.txt"]
+    assert main([command, str(tmp_path / "nonexistent")]) == 2
+    assert "is not a run directory: there is no such folder" in capsys.readouterr().err
+    assert not (tmp_path / "nonexistent").exists()
 
 
 def test_plot_writes_one_png_per_chart(run, tmp_path, capsys):
@@ -83,17 +100,109 @@ def test_plot_writes_one_png_per_chart(run, tmp_path, capsys):
     assert main(["plot", str(run), "--out", str(out)]) == 0
     written = capsys.readouterr().out.split()
     assert sorted(os.path.basename(p) for p in written) == [
-        "learning_rate.png", "loss.png", "throughput.png", "validation.png"]
+        "data.png", "learning_rate.png", "loss.png", "throughput.png", "validation.png"]
     for path in written:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert not [n for n in os.listdir(out) if not n.endswith(".png")]  # no temporary files left
 
 
-def test_plot_without_metrics_is_a_clear_error(tmp_path, capsys):
+def test_plot_without_anything_to_draw_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text("")
     assert main(["plot", str(tmp_path / "run")]) == 2
-    assert "has no metrics yet" in capsys.readouterr().err
+    assert "has nothing to plot yet" in capsys.readouterr().err
+
+
+def png_text(path) -> dict:
+    """The tEXt chunks of a PNG (plot writes each chart's panels, scales and series in Description)."""
+    import struct
+
+    data, i, out = open(path, "rb").read(), 8, {}
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i:i + 4])
+        kind, body = data[i + 4:i + 8], data[i + 8:i + 8 + n]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            out[key.decode()] = value.decode("latin-1")
+        i += 12 + n
+    return out
+
+
+def panels(path) -> dict[str, tuple[str, list[str]]]:
+    """{panel title: (scale, [series])} of a chart plot wrote."""
+    out = {}
+    for line in png_text(path)["Description"].splitlines():
+        head, _, series = line.rpartition(": ")
+        title, _, scale = head.rpartition(" (")
+        out[title] = (scale.split()[0], series.split(", "))
+    return out
+
+
+def metrics_run(tmp_path, rows) -> str:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(run)
+
+
+def test_plot_gives_each_quantity_its_panel_and_log_scales_where_values_span_decades(tmp_path, capsys):
+    """The window (~1,700 and growing), samples/s (~35) and the generation (~1) each get a panel;
+    grad_norm is not among the losses; a quantity spanning decades is drawn on a log scale."""
+    rows = [{"step": s, "time": 1.0 * s, "loss_policy": 6.0 - s / 100, "loss_value": 1.0, "loss_moves_left": 2.0 / s,
+             "loss_total": 8.0 - s / 100, "grad_norm": 3.0, "lr": 0.003 * min(1.0, s / 250), "samples_per_s": 35.0,
+             "window": 1700 * s, "generation": s // 100, "val_policy_top1": 0.1, "val_total": 7.5, "mystery": 1}
+            for s in (1, 10, 50, 100, 200, 300)]
+    run = metrics_run(tmp_path, rows)
+    assert main(["plot", run]) == 0
+    files = {os.path.basename(p): p for p in capsys.readouterr().out.split()}
+    assert sorted(files) == ["grad_norm.png", "learning_rate.png", "loss.png", "other.png", "throughput.png",
+                             "validation.png"]
+    loss = panels(files["loss.png"])
+    assert loss == {"total loss": ("linear", ["loss_total", "val_total"]),
+                    "policy loss (cross-entropy)": ("linear", ["loss_policy"]),
+                    "value loss (WDL cross-entropy)": ("linear", ["loss_value"]),
+                    "moves-left loss (Huber, 20 plies a unit)": ("log", ["loss_moves_left"])}
+    assert not any("grad_norm" in series for _, series in loss.values())
+    assert panels(files["grad_norm.png"]) == {"gradient norm (before clipping)": ("linear", ["grad_norm"])}
+    assert panels(files["throughput.png"]) == {
+        "training rate (waits for games left out)": ("linear", ["samples_per_s"]),
+        "sampling window": ("log", ["window"]),
+        "generation exported": ("linear", ["generation"])}
+    assert panels(files["learning_rate.png"]) == {"learning rate": ("log", ["lr"])}  # the warm-up spans decades
+    assert panels(files["other.png"]) == {"mystery": ("linear", ["mystery"])}
+
+
+def test_plot_draws_the_first_point(tmp_path, capsys):
+    """One log line (the first minutes of a run) is drawn: a marker, not an empty axis (a single
+    point of a line without markers draws nothing)."""
+    import matplotlib.image
+
+    run = metrics_run(tmp_path, [{"step": 100, "time": 1.0, "loss_total": 3.0, "samples_per_s": 35.0}])
+    assert main(["plot", run]) == 0
+    for path in capsys.readouterr().out.split():
+        pixels = matplotlib.image.imread(path)[..., :3]
+        blue = np.abs(pixels - np.array([0x1F, 0x77, 0xB4]) / 255.0).max(axis=-1) < 0.08  # tab:blue, the series
+        block = np.ones_like(blue[2:, 2:])  # a 3x3 patch of it: a marker, not a thin legend or grid line
+        for di in range(3):
+            for dj in range(3):
+                block &= blue[di:di + blue.shape[0] - 2, dj:dj + blue.shape[1] - 2]
+        assert block.any(), f"{path}: no point drawn"
+
+
+def test_plot_draws_the_store_before_the_learner_logs(tmp_path, capsys):
+    """Minutes into a run the learner has no metrics line yet, but self-play has stored games:
+    plot draws them (data.png) instead of saying there is nothing to plot."""
+    run = tmp_path / "run"
+    store = ReplayStore(run)
+    for i in range(3):
+        store.append_games([_game()] * 2, generation=0, source="selfplay")
+    assert main(["plot", str(run)]) == 0
+    written = capsys.readouterr().out.split()
+    assert [os.path.basename(p) for p in written] == ["data.png"]
+    assert panels(written[0]) == {
+        "positions in the replay store": ("linear", ["positions:selfplay"]),
+        "self-play games per hour (in 1.0 min bins)": ("linear", ["selfplay_games_per_hour"])}
 
 
 def test_read_jsonl_skips_garbage_lines(tmp_path):
@@ -111,10 +220,38 @@ def _worker(wid, alive, **fields):
             "positions": 900, "games_per_hour": 120.0, "restarts": 1, "started": 900.0, **fields}
 
 
+def fake_process(*args: str, cwd=None):
+    """A process whose command line reads ``args`` (it sleeps): what status finds at a recorded pid.
+    Returned once it has exec'd (before that, /proc shows the parent's command line)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *args], cwd=cwd)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+                if b"time.sleep(120)" in f.read():
+                    break
+        except OSError:
+            break  # no /proc: status only asks whether the pid exists
+        time.sleep(0.01)
+    return proc
+
+
 @pytest.fixture
-def daemon_run(run):
+def fake_daemon(run):
+    """A process that looks like `cyzero-train run RUN` to status (its command line names the run)."""
+    proc = fake_process("trainer.cli", "run", str(run))
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def daemon_run(run, fake_daemon):
     (run / "daemon.json").write_text(json.dumps({
-        "pid": os.getpid(), "started": 500.0, "run": "run", "endpoint": "tcp://127.0.0.1:5780",
+        "pid": fake_daemon.pid, "started": 500.0, "run": "run", "endpoint": "tcp://127.0.0.1:5780",
         "publish": "tcp://127.0.0.1:5781", "fetch": "tcp://127.0.0.1:5782", "keys": False}))
     (run / "workers.json").write_text(json.dumps({
         "time": 1000.0, "generation": 3, "games": 30, "positions": 2700,
@@ -137,7 +274,8 @@ def daemon_run(run):
 
 def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_last_gate(daemon_run, capsys):
     status = run_status(daemon_run)
-    assert status["daemon"]["pid"] == os.getpid() and status["daemon"]["alive"] is True
+    pid = status["daemon"]["pid"]
+    assert status["daemon"]["alive"] is True
     assert status["daemon"]["endpoint"] == "tcp://127.0.0.1:5780" and status["daemon"]["keys"] is False
     workers = status["workers"]
     assert [w["id"] for w in workers["workers"]] == ["local-cpu-0", "local-cpu-1", "remote-a", "?"]
@@ -150,7 +288,7 @@ def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_la
     assert (gate["wins"], gate["draws"], gate["losses"], gate["llr"]) == (10, 20, 14, -2.95)
 
     text = format_status(status, now=1000.0)
-    assert f"daemon      pid {os.getpid()} running, started 8.3 min ago" in text
+    assert f"daemon      pid {pid} running, started 8.3 min ago" in text
     assert "workers connect to tcp://127.0.0.1:5780, networks on tcp://127.0.0.1:5781" in text
     assert "workers     3 of 4 alive: 240 games/h, 800 positions/s; 35 games, 2 restarts, as of 0 s ago" in text
     assert "local-cpu-1  alive  box cpu, generation 2, 120 games/h, 400 positions/s, 15 games, 1 restart" in text
@@ -176,6 +314,171 @@ def test_a_daemon_that_is_gone_is_shown_as_not_running(daemon_run):
     assert status["daemon"]["alive"] is False
     text = format_status(status, now=1000.0)
     assert f"pid {proc.pid} not running" in text and "the daemon is not running, so none is playing now" in text
+
+
+def test_a_pid_reused_by_another_process_is_not_taken_for_the_daemon(daemon_run, tmp_path):
+    """daemon.json's pid, once the daemon is gone, may name any process: status checks that the
+    process is `cyzero-train run` on this run (a relative RUN read from its working directory)."""
+    record = json.loads((daemon_run / "daemon.json").read_text())
+    others = [fake_process(),  # some other program got the pid
+              fake_process("trainer.cli", "run", str(tmp_path / "another-run")),  # a daemon of another run
+              fake_process("trainer.cli", "learn", str(daemon_run))]  # this run's learner, not its daemon
+    same = fake_process("/venv/bin/cyzero-train", "run", "--devices", "cpu", os.path.basename(daemon_run),
+                        cwd=os.path.dirname(daemon_run))  # started as `cyzero-train run RUN` from RUN's parent
+    try:
+        for proc in others:
+            (daemon_run / "daemon.json").write_text(json.dumps({**record, "pid": proc.pid}))
+            text = format_status(run_status(daemon_run), now=1000.0)
+            assert f"pid {proc.pid} not running" in text and "so none is playing now" in text
+            assert "learner     not running on cpu:2" in text  # its children went with it
+        (daemon_run / "daemon.json").write_text(json.dumps({**record, "pid": same.pid}))
+        assert f"pid {same.pid} running" in format_status(run_status(daemon_run), now=1000.0)
+    finally:
+        for proc in [*others, same]:
+            proc.kill()
+            proc.wait()
+
+
+def _chunk_line(name, positions, games, generation, when, source="selfplay"):
+    return json.dumps({"op": "add", "name": name, "positions": positions, "games": games, "generation": generation,
+                       "source": source, "time": when, "game_ids": [f"{name}-{i}" for i in range(games)]},
+                      separators=(",", ":")) + "\n"
+
+
+def learner_run(tmp_path, fake_daemon_for, **learner):
+    """A run in the middle of its life, written by hand: 40 self-play chunks of 100 positions and 8
+    games, one every 15 s until `now`; a daemon and a learner at step 68 (generations every 100 steps)."""
+    run = tmp_path / "run"
+    (run / "replay").mkdir(parents=True)
+    now = 10_000.0
+    (run / "config.effective.toml").write_text("[replay]\nval_percent = 0.0\nfloor = 10000\n"
+                                               "max_samples_per_position = 4.0\n")
+    (run / "config.toml").write_text("# the user's own file, which status does not read\n[replay]\nfloor = 5\n")
+    (run / "replay" / "manifest.jsonl").write_text("".join(
+        _chunk_line(f"selfplay-g{k // 20:05d}-{k:04d}.gz", 100, 8, k // 20, now - 15 * (39 - k)) for k in range(40))
+        + '{"op":"prune","names":["selfplay-g00000-0000.gz"]}\n{"op":"add","name":"torn')
+    daemon = fake_daemon_for(run)
+    (run / "daemon.json").write_text(json.dumps({"pid": daemon.pid, "started": now - 600.0, "run": "run"}))
+    learner_proc = fake_daemon_for(run, "learn")
+    record = {"pid": learner_proc.pid, "started": now - 590.0, "time": now - 1.0, "state": "training", "step": 68,
+              "target_step": None, "generation": 0, "checkpoint_step": 0, "checkpoint_every": 100,
+              "next_generation_step": 100, "batch_size": 16, "world": 1, "device": "cpu", "samples_per_s": 32.0,
+              "window_positions": 3900, "training_positions": 3900, "samples_drawn": 68 * 16,
+              "max_samples_per_position": 4.0, "batches_available": 907, "waiting_since": None, "waited_s": 0.0,
+              "follow": True, **learner}
+    (run / "learner.json").write_text(json.dumps(record))
+    return run, now
+
+
+@pytest.fixture
+def fake_daemon_for():
+    procs = []
+
+    def make(run, command="run"):
+        procs.append(fake_process("trainer.cli", command, str(run)))
+        return procs[-1]
+
+    yield make
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_status_shows_the_learners_step_rate_the_window_its_age_games_per_hour_and_the_next_generation(
+        tmp_path, fake_daemon_for, capsys):
+    """What the learner is doing now (learner.json, rewritten every few seconds), not the last
+    checkpoint: step 68 and 32 samples/s; the window (the newest 3,900 positions: the whole store,
+    played from 9.5 min ago to now); games/h from what the store received over the last 10 min;
+    and generation 1 due at step 100: 32 steps at 2 steps/s (16 s), the store allowing them."""
+    run, now = learner_run(tmp_path, fake_daemon_for)
+    status = run_status(run, now=now)
+    text = format_status(status, now=now)
+    assert ("  window      3,900 of 3,900 training positions (floor 10,000), played 9.5 min to 0 s ago by "
+            "generations 0-1; 0 held out for validation") in text
+    # 39 chunks in the last 10 min (the first one is pruned, and 600 s before now is outside): 8 games each
+    assert "  self-play   1,872 games/h, 6.5 positions/s stored over the last 10.0 min" in text
+    assert "  training    step 68: 32.0 samples/s while training (as of 1 s ago)" in text
+    assert "  next gen    generation 1 at step 100, 32 steps to go: in about 16 s (at the learner's pace)" in text
+    assert main(["status", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["learner"]["step"] == 68 and out["next_generation"]["steps_left"] == 32
+
+    # At the sampling cap: the learner waits, and self-play sets the pace of the next generation.
+    # 3,900 positions x 4 samples allow 975 steps in all, 907 of them already taken: at step 975 the
+    # next 25 steps need 25 x 16 / 4 = 100 more positions, 15.4 s of self-play at 6.5 positions/s.
+    run, now = learner_run(tmp_path / "2", fake_daemon_for, state="waiting", step=975, samples_drawn=975 * 16,
+                           waiting_since=9_960.0, batches_available=0, next_generation_step=1000, generation=9)
+    text = format_status(run_status(run, now=now), now=now)
+    assert ("  training    step 975: waiting for self-play games for 40 s (at the sampling cap, "
+            "replay.max_samples_per_position = 4); 32.0 samples/s while training (as of 1 s ago)") in text
+    assert ("  next gen    generation 10 at step 1,000, 25 steps to go: in about 15 s (self-play sets the pace: "
+            "6.5 training positions/s allow 97.5 steps a minute)") in text
+
+
+def test_a_learner_that_stopped_or_vanished_is_said_so(tmp_path, fake_daemon_for):
+    run, now = learner_run(tmp_path, fake_daemon_for, state="stopped", time=9_880.0)
+    text = format_status(run_status(run, now=now), now=now)
+    assert "  training    stopped at step 68, as of 2.0 min ago" in text and "next gen" not in text
+    run, now = learner_run(tmp_path / "2", fake_daemon_for, pid=os.getpid())  # a pid that is not its learner
+    text = format_status(run_status(run, now=now), now=now)
+    assert "  training    not running: last seen at step 68, as of 1 s ago" in text and "next gen" not in text
+
+
+def test_status_reads_a_run_without_importing_torch_or_numpy(daemon_run):
+    """`status` answers at once: it reads files, and imports neither torch (seconds) nor numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainer.cli import main; code = main(['status', sys.argv[1]]); "
+            "print(code, 'torch' in sys.modules, 'numpy' in sys.modules, file=sys.stderr)")
+    workers = json.loads((daemon_run / "workers.json").read_text())
+    share = {"selfplay_workers": 2, "games_per_worker": 32, "network_max_batch": None, "learner_ranks": 2}
+    (daemon_run / "workers.json").write_text(json.dumps({**workers, "devices": {"cpu": share}}))
+    proc = subprocess.run([sys.executable, "-c", code, str(daemon_run)], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "daemon      pid" in proc.stdout
+    assert "cpu         2 self-play workers (32 games) and 2 learner ranks, sharing its time" in proc.stdout
+    assert proc.stderr.split()[-3:] == ["0", "False", "False"], proc.stderr
+
+
+def test_the_reader_agrees_with_the_writers():
+    """status reads without importing the writers (torch, the engine): their file names, window
+    rule, validation split, manifest and evaluation readers must be the same as the writers' own."""
+    import random
+
+    from trainer import daemon, evaluate, learner, replay, report
+    from trainer.config import is_validation as config_is_validation, window_size
+
+    assert (report.METRICS_FILE, report.GENERATIONS_FILE, report.PROGRESS_FILE, report.CHECKPOINT_DIR,
+            report.NETWORK_DIR) == (learner.METRICS_FILE, learner.GENERATIONS_FILE, learner.PROGRESS_FILE,
+                                    learner.CHECKPOINT_DIR, learner.NETWORK_DIR)
+    assert (report.DAEMON_FILE, report.WORKERS_FILE, report.PUBLISHED_FILE, report.GATING_FILE) == (
+        daemon.DAEMON_FILE, daemon.WORKERS_FILE, daemon.PUBLISHED_FILE, daemon.GATING_FILE)
+    assert (report.EVALUATION_FILE, report.OPPONENTS) == (evaluate.EVALUATION_FILE, evaluate.OPPONENTS)
+    assert report.MANIFEST == os.path.join("replay", replay.MANIFEST)
+    rng = random.Random(7)
+    for _ in range(300):
+        total, floor = rng.randrange(0, 10**8), rng.randrange(1, 10**6)
+        alpha, beta = rng.uniform(0.1, 0.9), rng.uniform(0.1, 2.0)
+        assert window_size(total, floor=floor, alpha=alpha, beta=beta) == replay.window_size(
+            total, floor=floor, alpha=alpha, beta=beta)
+        name, percent = f"selfplay-g00001-{rng.getrandbits(128):032x}.gz", rng.uniform(0, 100)
+        assert config_is_validation(name, percent) == replay.is_validation(name, percent)
+
+
+def test_the_manifest_is_read_as_the_store_replays_it(run):
+    store = ReplayStore(run)
+    names = [e.name for e in store.entries()]
+    store.prune(0)  # retention appends a prune line
+    store.append_games([_game()] * 3, generation=5, source="selfplay", game_ids=["a", "b", "c"])
+    with open(run / "replay" / "manifest.jsonl", "a") as f:
+        f.write('garbage\n{"op":"add","name":"x.gz","positions":3,"games":1,"generation":1,"source":"s",'
+                '"time":1.0,"game_ids":["tor')  # a line in progress
+    from trainer.report import read_manifest
+
+    assert [tuple(c) for c in read_manifest(str(run))] == [
+        (e.name, e.positions, e.games, e.generation, e.source, e.time) for e in ReplayStore(run).entries()]
+    assert names  # (the fixture's store had chunks before the prune)
 
 
 def test_status_skips_garbled_daemon_files(run, capsys):
@@ -209,7 +512,7 @@ def test_plot_draws_the_gating_chart(daemon_run, tmp_path, capsys):
     out = tmp_path / "plots"
     assert main(["plot", str(daemon_run), "--out", str(out)]) == 0
     written = sorted(os.path.basename(p) for p in capsys.readouterr().out.split())
-    assert written == ["gating.png", "learning_rate.png", "loss.png", "throughput.png", "validation.png"]
+    assert written == ["data.png", "gating.png", "learning_rate.png", "loss.png", "throughput.png", "validation.png"]
     assert (out / "gating.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     gating_only = tmp_path / "gating-only"  # a daemon run before the learner logged anything

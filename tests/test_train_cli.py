@@ -76,3 +76,50 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path, capsys, args, messag
     assert code != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "learn"])
+def test_a_config_name_that_is_neither_a_file_nor_bundled_lists_the_bundled_ones_and_creates_nothing(
+        tmp_path, capsys, command):
+    from trainer.config import bundled_config_names
+
+    run = tmp_path / "run"
+    assert main([command, str(run), "--config", "cpuu"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read config cpuu: no such file, and no bundled config is called that (bundled: " in err
+    assert "cpu, gpu" in err and all(name in err for name in bundled_config_names())
+    assert "No such file or directory" not in err and "Traceback" not in err
+    assert not run.exists()
+
+
+needs_no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("flag", ["--devices", "--learner-devices"])
+def test_run_refuses_gpu_devices_this_machine_does_not_have_at_start(tmp_path, capsys, flag):
+    """`run --devices cuda:0` used to play on the CPU without a word, `run --learner-devices cuda:0`
+    to restart the learner forever: both are refused at start with the line `learn` gives."""
+    import torch
+
+    run = tmp_path / "run"
+    assert main(["run", str(run), flag, "cuda:0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cyzero-train run: error: {flag} cuda:0: no CUDA device here (torch {torch.__version__}, "
+                   f"CUDA build {torch.version.cuda or 'none'})"]
+    assert not run.exists()
+    assert main(["learn", str(run), "--devices", "cuda:0"]) == 2
+    assert f"--devices cuda:0: no CUDA device here (torch {torch.__version__}" in capsys.readouterr().err
+
+
+@needs_no_cuda
+def test_a_simulated_gpu_needs_no_cuda_for_self_play_but_the_learner_does(tmp_path):
+    from trainer.config import default_config
+    from trainer.daemon import Daemon
+
+    Daemon(tmp_path, default_config(), devices="cuda:0", simulate_gpu=True, learner_devices="cpu:1").check_devices()
+    with pytest.raises(ValueError, match="--learner-devices cuda:0: no CUDA device here"):
+        Daemon(tmp_path, default_config(), devices="cuda:0", simulate_gpu=True,
+               learner_devices="cuda:0").check_devices()
+    with pytest.raises(ValueError, match="daemon.devices cuda:0: no CUDA device here"):
+        Daemon(tmp_path, default_config().replace(daemon={"devices": "cuda:0"})).check_devices()

@@ -79,8 +79,10 @@ def _build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--steps", type=int, default=None,
                        help="stop after this many steps in all (default: until the data runs out)")
     learn.add_argument("--config", metavar="TOML",
-                       help="training config; copied to RUN/config.toml on the first start "
-                            "(default: RUN/config.toml, or the documented defaults)")
+                       help="training config: a TOML file or a bundled config's name (cpu, gpu, ...); written "
+                            "to RUN/config.toml on the first start, which is never rewritten after "
+                            "(default: RUN/config.toml, or the documented defaults; the config in use is "
+                            "RUN/config.effective.toml)")
     learn.add_argument("--follow", action="store_true",
                        help="wait for new data instead of stopping when the sampling cap is reached")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -116,13 +118,16 @@ def _build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed")
     boot.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    status = sub.add_parser("status", help="the run's data, window, checkpoint, network and last losses",
-                            description="Print the state of a run directory (works while it runs).")
+    status = sub.add_parser("status", help="the learner's step and rate, the window, games/h, the next "
+                                           "generation, the daemon and its workers",
+                            description="Print the state of a run directory (works while it runs; reads files only).")
     status.add_argument("run_dir", metavar="RUN_DIR")
     status.add_argument("--json", action="store_true", help="print it as JSON")
 
-    plot = sub.add_parser("plot", help="PNG charts of the run's losses, learning rate and validation metrics",
-                          description="Write PNG charts of RUN/metrics.jsonl to RUN/plots (or --out).")
+    plot = sub.add_parser("plot", help="PNG charts of the run's losses, learning rate, validation, throughput "
+                                       "and self-play data",
+                          description="Write PNG charts of RUN/metrics.jsonl (the learner), the replay store "
+                                      "(self-play), gating.jsonl and evaluation.jsonl to RUN/plots (or --out).")
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
 
@@ -151,11 +156,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "run", help="the training daemon: self-play workers on every device, the learner, publishing",
         description=("Start (or resume) the training run in RUN_DIR: self-play workers on each device, the "
                      "DDP learner, and a publisher that announces each new network to workers and engines "
-                     "(TrainerEndpoint). Ctrl-C or SIGTERM stops everything cleanly; running it again resumes."))
+                     "(TrainerEndpoint). Ctrl-C or SIGTERM stops everything cleanly (from elsewhere: kill the "
+                     "pid in RUN_DIR/daemon.json); running it again resumes."))
     run.add_argument("run_dir", metavar="RUN_DIR")
     run.add_argument("--config", metavar="TOML",
                      help="a TOML config, or the name of a bundled one (cpu, gpu); default RUN/config.toml, "
-                          "else the defaults")
+                          "else the defaults. RUN/config.toml is written on the first start only (your edits "
+                          "stay); the config in use is RUN/config.effective.toml")
     run.add_argument("--devices", default=None, help="self-play devices: cpu, or cuda:0,1,... (default: daemon.devices)")
     run.add_argument("--workers-per-device", type=int, default=None, metavar="K",
                      help="self-play worker processes per device (default: daemon.workers_per_device)")
@@ -528,7 +535,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    missing = None if args.command == "worker" else _missing_training_module()  # workers need the engine only
+    # workers need the engine only; status and plot only read the run's files (status answers at once)
+    missing = None if args.command in ("worker", "status", "plot") else _missing_training_module()
     if missing:
         print(f"cyzero-train {args.command}: needs {missing}, which an engine-only install leaves out; "
               f"{TRAIN_EXTRA_HINT}", file=sys.stderr)

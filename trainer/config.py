@@ -1,6 +1,10 @@
 """The training config: nested frozen dataclasses read from TOML, every key documented.
 
-A run's config lives in ``RUN/config.toml`` (``learn`` writes it on the first start).
+A run's config lives in ``RUN/config.toml``: the first ``learn`` or ``run`` copies it there
+(from ``--config``, or the defaults), and from then on it is the user's file, never rewritten.
+The config a process really uses, every key written out, is ``RUN/config.effective.toml``
+(:data:`EFFECTIVE_CONFIG_FILE`, written atomically by the learner and the daemon at start);
+what reads the run's settings (``status``, the daemon's learner) reads that one.
 A file names only the keys it changes; everything else keeps the default documented
 here, in the field's ``doc`` metadata (which :func:`markdown_table` renders for the
 docs and :func:`to_toml` writes as comments). An unknown section or key, a value of
@@ -30,12 +34,16 @@ __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
     "SelfPlayConfig", "DaemonConfig", "GatingConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
-    "markdown_table", "model_differences", "CONFIG_FILE", "load_run_config", "bundled_config",
-    "load_named_config",
+    "markdown_table", "model_differences", "CONFIG_FILE", "EFFECTIVE_CONFIG_FILE", "load_run_config",
+    "load_effective_config", "bundled_config", "bundled_config_names", "named_config_path", "load_named_config",
+    "window_size", "is_validation",
 ]
 
-#: the run's config, in the run directory (``learn`` writes it on the first start)
+#: the run's config, in the run directory: the user's file (the first start copies it there; never rewritten)
 CONFIG_FILE = "config.toml"
+#: the config in use, every key written out (atomically) beside the user's: what status and the daemon's
+#: learner read
+EFFECTIVE_CONFIG_FILE = "config.effective.toml"
 
 
 def _f(default, doc: str, *, choices: tuple | None = None, min: float | None = None,
@@ -361,24 +369,84 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
     return loads_config(text, path)
 
 
+_BUNDLED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
 def bundled_config(name: str) -> str | None:
     """The path of the config that ships with the package under ``name`` (``cpu``, ``gpu``:
     ``trainer/configs/NAME.toml``), or None when there is none, so ``--config cpu`` works installed."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
         return None
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", f"{name}.toml")
+    path = os.path.join(_BUNDLED_DIR, f"{name}.toml")
     return path if os.path.isfile(path) else None
+
+
+def bundled_config_names() -> list[str]:
+    """The names ``--config`` takes besides a path: the bundled configs, sorted."""
+    try:
+        names = os.listdir(_BUNDLED_DIR)
+    except OSError:
+        return []
+    return sorted(n[:-5] for n in names if n.endswith(".toml") and bundled_config(n[:-5]))
+
+
+def named_config_path(name: str | os.PathLike) -> str:
+    """The file a ``--config`` argument names: a bundled config's, or the path itself; ValueError
+    listing the bundled names when it is neither (checked before anything is created)."""
+    text = os.fspath(name)
+    bundled = bundled_config(text)
+    if bundled is not None:
+        return bundled
+    if not os.path.exists(text):
+        raise ValueError(f"cannot read config {text}: no such file, and no bundled config is called that "
+                         f"(bundled: {', '.join(bundled_config_names()) or 'none'})")
+    return text
 
 
 def load_named_config(name: str | os.PathLike) -> TrainConfig:
     """A config given on a command line: a bundled config's name (``cpu``, ``teacher-6x64``) or a path."""
-    return load_config(bundled_config(os.fspath(name)) or name)
+    return load_config(named_config_path(name))
 
 
 def load_run_config(run_dir: str | os.PathLike) -> TrainConfig:
-    """``RUN/config.toml`` if the run has one, else the defaults."""
+    """``RUN/config.toml`` (the user's file) if the run has one, else the defaults."""
     path = os.path.join(os.fspath(run_dir), CONFIG_FILE)
     return load_config(path) if os.path.exists(path) else default_config()
+
+
+def load_effective_config(run_dir: str | os.PathLike) -> TrainConfig:
+    """The config the run's processes use: ``RUN/config.effective.toml`` (written at each start),
+    else ``RUN/config.toml``, else the defaults."""
+    path = os.path.join(os.fspath(run_dir), EFFECTIVE_CONFIG_FILE)
+    return load_config(path) if os.path.exists(path) else load_run_config(run_dir)
+
+
+# --------------------------------------------------------------------------- the sampling window
+# The rule the [replay] keys describe, here without numpy or torch so that `cyzero-train status`
+# reads a run quickly; trainer.replay samples by the same rule (tests/test_report.py checks they agree).
+
+
+def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:
+    """KataGo's window of the newest positions out of ``total``: all of them up to ``floor``, then
+    ``floor + beta * (total^alpha - floor^alpha) / (alpha * floor^(alpha - 1))``."""
+    if floor < 1:
+        raise ValueError(f"the window's floor must be >= 1 position, got {floor}")
+    if not (0 < alpha < 1) or beta <= 0:
+        raise ValueError(f"need 0 < alpha < 1 and beta > 0, got alpha={alpha}, beta={beta}")
+    if total <= floor:
+        return max(0, int(total))
+    w = floor + beta * (total**alpha - floor**alpha) / (alpha * floor ** (alpha - 1))
+    return min(int(total), int(w))
+
+
+def is_validation(name: str, percent: float) -> bool:
+    """Whether chunk ``name`` is held out: its sha256 falls in the first ``percent`` of the range."""
+    if percent <= 0:
+        return False
+    import hashlib
+
+    value = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return value < percent / 100.0 * 2.0**64
 
 
 def _toml_value(value) -> str:

@@ -16,7 +16,8 @@ One process per run directory (an flock on ``RUN/daemon.lock``) that
 The spec of the run directory's files (``daemon.json``, ``workers.json``,
 ``published.jsonl``, ``gating.jsonl``, ``pgn/``, ``logs/``) is in docs/training.md.
 A malformed message is logged (rate-limited) and dropped, never fatal. Binding anything
-but loopback needs CurveZMQ keys. No pickle; torch only through :func:`initialize_run`.
+but loopback needs CurveZMQ keys. No pickle; torch only through :func:`initialize_run` and
+the device check at start.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ import zmq
 
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
-from trainer.config import CONFIG_FILE, TrainConfig, load_config, load_named_config, load_run_config, to_toml
+from trainer.config import (
+    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, load_config, load_run_config, named_config_path,
+)
+from trainer.report import describe_share  # the words status uses too (report imports nothing heavy)
 
 __all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
            "PUBLISHED_FILE", "GATING_FILE"]
@@ -244,22 +248,6 @@ def learner_ranks(learner_devices: str) -> dict[str, int]:
     return {device: 1 for device in parse_devices(text)}
 
 
-def describe_share(share: dict) -> str:
-    """One device's share as a person reads it: ``1 self-play worker (256 games, network batches up
-    to 1024) and learner rank(s) 1, sharing its time``."""
-    parts = []
-    workers = share.get("selfplay_workers") or 0
-    if workers:
-        batch = share.get("network_max_batch")
-        parts.append(f"{workers} self-play worker{'s' if workers != 1 else ''} ({share.get('games_per_worker')} games"
-                     + (f", network batches up to {batch}" if batch else "") + ")")
-    ranks = share.get("learner_ranks") or 0
-    if ranks:
-        parts.append(f"{ranks} learner rank{'s' if ranks != 1 else ''}")
-    text = " and ".join(parts) or "nothing"
-    return text + (", sharing its time" if workers and ranks else "")
-
-
 class Daemon:
     """The training daemon of one run directory; :func:`run_daemon` drives it.
 
@@ -272,17 +260,21 @@ class Daemon:
     def __init__(self, run_dir: str | os.PathLike, config: TrainConfig, *, devices: Optional[str] = None,
                  workers_per_device: Optional[int] = None, learner_devices: Optional[str] = None,
                  log: Optional[Log] = None, worker_command: Optional[Callable[..., list[str]]] = None,
-                 learner_command: Optional[Callable[[str, str], list[str]]] = None, simulate_gpu: bool = False):
+                 learner_command: Optional[Callable[[str, str], list[str]]] = None, simulate_gpu: bool = False,
+                 config_source: Optional[str] = None):
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.config = config
+        self.config_source = config_source  # the file ``config`` was read from (--config), if any
         d = config.daemon
         from trainer.worker import parse_devices  # the worker's own reading of --devices
 
+        self._devices_flag = "--devices" if devices is not None else "daemon.devices"
         self.devices = parse_devices(devices if devices is not None else d.devices)
         self.workers_per_device = workers_per_device if workers_per_device is not None else d.workers_per_device
         if not isinstance(self.workers_per_device, int) or self.workers_per_device < 1:
             raise ValueError(f"workers per device must be at least 1, got {self.workers_per_device!r}")
         self.learner_devices = learner_devices if learner_devices is not None else d.learner_devices
+        self._learner_flag = "--learner-devices" if learner_devices is not None else "daemon.learner_devices"
         self.simulate_gpu = simulate_gpu   # the GPU workers' networks run on the stand-in
         self.log: Log = log or _stderr
         self._dropped = _Limited(self.log)
@@ -333,9 +325,10 @@ class Daemon:
         return command
 
     def learner_command(self, run_dir: str, learner_devices: str) -> list[str]:
-        """The ``cyzero-train learn --follow`` process (it reads RUN/config.toml, resumes at its checkpoint)."""
+        """The ``cyzero-train learn --follow`` process, on the daemon's own config (RUN/config.effective.toml,
+        written at start); it resumes at its checkpoint."""
         return [sys.executable, "-m", "trainer.cli", "learn", run_dir, "--devices", learner_devices, "--follow",
-                "--no-progress"]
+                "--no-progress", "--config", os.path.join(run_dir, EFFECTIVE_CONFIG_FILE)]
 
     @staticmethod
     def worker_id(device: str, k: int) -> str:
@@ -350,11 +343,22 @@ class Daemon:
 
     # -- start -----------------------------------------------------------------------------
 
+    def check_devices(self) -> None:
+        """ValueError, the line ``learn`` gives, when a self-play or learner device is a GPU this machine
+        does not have (self-play GPUs on the stand-in, ``simulate_gpu``, need none)."""
+        from trainer.learner import check_cuda, parse_devices as learner_devices
+
+        gpus = [int(device.split(":")[1]) for device in self.devices if device != "cpu"]
+        if gpus and not self.simulate_gpu:
+            check_cuda(",".join(self.devices), gpus, self._devices_flag)
+        learner_devices(self.learner_devices, self._learner_flag)
+
     def start(self) -> None:
-        """Lock the run, create generation 0, bind, announce and start the children; ValueError for a
-        bad config, a second daemon or an open non-loopback bind."""
+        """Check the devices, lock the run, create generation 0, bind, announce and start the children;
+        ValueError for a bad config, a missing GPU, a second daemon or an open non-loopback bind."""
         d = self.config.daemon
         check_bind([d.endpoint, d.publish, d.fetch], d.keys)
+        self.check_devices()
         os.makedirs(self.run_dir, exist_ok=True)
         self._take_lock()
         try:
@@ -423,18 +427,19 @@ class Daemon:
         return tuple(opening.board().fen() for opening in openings)
 
     def _initialize(self, initialize_run: Callable[..., dict]) -> None:
-        """Generation 0, with the config checked against the run's checkpoint; RUN/config.toml is
-        left as the user wrote it when it holds this config, else rewritten to hold it."""
+        """Generation 0, with the config checked against the run's checkpoint. RUN/config.toml is the
+        user's: written (by the learner's start) only when the run has none, never rewritten; the
+        daemon's config goes to RUN/config.effective.toml, which its learner reads."""
         run_file = os.path.join(self.run_dir, CONFIG_FILE)
-        if os.path.exists(run_file) and load_config(run_file) == self.config:
-            initialize_run(self.run_dir, log=self.log)
-            return
-        scratch = os.path.join(self.run_dir, f".daemon-config-{os.getpid()}.toml")
-        atomic_write_text(scratch, to_toml(self.config))
-        try:
-            initialize_run(self.run_dir, config_path=scratch, log=self.log)
-        finally:
-            os.unlink(scratch)
+        if os.path.exists(run_file) and self.config_source is not None:
+            try:
+                same = load_config(run_file) == self.config
+            except ValueError:
+                same = False
+            if not same:
+                self.log(f"{CONFIG_FILE} is left as you wrote it; this run uses {self.config_source} "
+                         f"(every key in {EFFECTIVE_CONFIG_FILE})")
+        initialize_run(self.run_dir, config=self.config, log=self.log)  # writes RUN/config.effective.toml
 
     def _bind(self) -> None:
         from engine.announce import Announcer, load_server_keys
@@ -908,7 +913,7 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
     """The config named (a path, or a bundled config's name), else RUN/config.toml, else the defaults."""
     if config is None:
         return load_run_config(run_dir)
-    return load_named_config(config)
+    return load_config(named_config_path(config))
 
 
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
@@ -919,12 +924,19 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
 
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
     run_dir = os.path.abspath(os.fspath(run_dir))
+    early = log or _stderr  # until the run is taken, errors create nothing (no RUN/logs)
     log = log or _DaemonLog(run_dir)
     stop = threading.Event()
     try:
         daemon = Daemon(run_dir, _resolve_config(run_dir, config), devices=devices,
                         workers_per_device=workers_per_device, learner_devices=learner_devices, log=log,
-                        simulate_gpu=simulate_gpu)
+                        simulate_gpu=simulate_gpu,
+                        config_source=named_config_path(config) if config is not None else None)
+        daemon.check_devices()
+    except (ValueError, OSError) as e:
+        early(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return 2
+    try:
         daemon.start()
     except (ValueError, OSError) as e:
         log(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")

@@ -29,6 +29,7 @@ rank and how it ended; a rank blocked on a dead peer fails after the process-gro
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -54,16 +55,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from trainer.config import (
-    CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config, from_dict,
-    load_config, load_named_config, model_differences, to_toml,
+    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config,
+    from_dict, load_config, model_differences, named_config_path, to_toml,
 )
 from trainer.model import Net, NetConfig, NetOutput, build_net
 
 __all__: Sequence[str] = [
-    "learn", "Devices", "parse_devices", "net_config", "compute_losses", "policy_cross_entropy",
+    "learn", "Devices", "parse_devices", "check_cuda", "net_config", "compute_losses", "policy_cross_entropy",
     "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path", "network_path",
     "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
-    "GENERATIONS_FILE", "TENSORBOARD_DIR", "initialize_run", "newest_generation", "configure_device",
+    "GENERATIONS_FILE", "TENSORBOARD_DIR", "PROGRESS_FILE", "initialize_run", "newest_generation", "configure_device",
     "pinned_transfer", "DeviceFeed",
 ]
 
@@ -72,6 +73,10 @@ NETWORK_DIR = "networks"
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+#: where the learner is now (rank 0 rewrites it atomically every few seconds): read by ``status``
+PROGRESS_FILE = "learner.json"
+PROGRESS_EVERY_S = 2.0
+RATE_WINDOW_S = 60.0  # learner.json's samples/s: the last minute of training (waits left out)
 LOCK_FILE = "learner.lock"
 CHECKPOINT_FORMAT = 1
 #: Fault injection for the tests: "RANK:STEP" makes that rank exit with code 3 right after that
@@ -107,29 +112,38 @@ class Devices:
         return len(self.ids)
 
 
-def parse_devices(spec: str) -> Devices:
-    """``cpu``, ``cpu:N`` (N gloo processes), ``cuda`` (every visible GPU) or ``cuda:0,1`` (nccl)."""
+def parse_devices(spec: str, flag: str = "--devices") -> Devices:
+    """``cpu``, ``cpu:N`` (N gloo processes), ``cuda`` (every visible GPU) or ``cuda:0,1`` (nccl);
+    ValueError naming ``flag`` (the option or config key the spec came from)."""
     text = spec.strip().lower() if isinstance(spec, str) else ""
     match = re.fullmatch(r"cpu(?::(\d+))?", text)
     if match:
         n = int(match.group(1) or 1)
         if n < 1:
-            raise ValueError(f"--devices {spec}: need at least one CPU process")
+            raise ValueError(f"{flag} {spec}: need at least one CPU process")
         return Devices("cpu", tuple(range(n)))
     match = re.fullmatch(r"cuda(?::(\d+(?:,\d+)*))?", text)
     if not match:
-        raise ValueError(f"--devices {spec!r}: expected cpu:N (N processes) or cuda:0,1,... (GPU indices)")
+        raise ValueError(f"{flag} {spec!r}: expected cpu:N (N processes) or cuda:0,1,... (GPU indices)")
+    ids = tuple(int(i) for i in match.group(1).split(",")) if match.group(1) else None
+    return Devices("cuda", check_cuda(spec, ids, flag))
+
+
+def check_cuda(spec: str, ids: Sequence[int] | None, flag: str = "--devices") -> tuple[int, ...]:
+    """The GPU indices ``ids`` (None: every visible one), checked against this machine's CUDA
+    devices; ValueError, one line naming ``flag`` and ``spec``, when there is no CUDA or no such GPU.
+    ``cyzero-train run`` checks its self-play and learner devices with it before it starts anything."""
     if not torch.cuda.is_available():
-        raise ValueError(f"--devices {spec}: no CUDA device here (torch {torch.__version__}, "
+        raise ValueError(f"{flag} {spec}: no CUDA device here (torch {torch.__version__}, "
                          f"CUDA build {torch.version.cuda or 'none'})")
     count = torch.cuda.device_count()
-    ids = tuple(int(i) for i in match.group(1).split(",")) if match.group(1) else tuple(range(count))
+    ids = tuple(range(count)) if ids is None else tuple(ids)
     if len(set(ids)) != len(ids):
-        raise ValueError(f"--devices {spec}: a GPU is named twice")
+        raise ValueError(f"{flag} {spec}: a GPU is named twice")
     missing = [i for i in ids if i >= count]
     if missing:
-        raise ValueError(f"--devices {spec}: no GPU {missing[0]} (this machine has {count})")
-    return Devices("cuda", ids)
+        raise ValueError(f"{flag} {spec}: no GPU {missing[0]} (this machine has {count})")
+    return ids
 
 
 def net_config(config: TrainConfig) -> NetConfig:
@@ -608,6 +622,8 @@ class _Learner:
         self.reporter = _Reporter(self, launch) if rank == 0 and launch.report else None
         self._exit_at = _exit_hook(rank)
         self.stop_requested = threading.Event()  # set by SIGTERM/SIGINT (see _run_rank)
+        self.stopped = False  # the loop ended because a stop was asked for (not --steps, not out of data)
+        self._waits = 0  # times this run waited for new data (--follow)
         self._stop_vote = _StopVote(device, lagged=device.type == "cuda") if world > 1 else None
         self.feed = DeviceFeed(device)
 
@@ -739,6 +755,19 @@ class _Learner:
                 self.reporter.restart_clock()
         self.checkpoint_step = self.step
 
+    def _stop_checkpoint(self) -> None:
+        """A stop's checkpoint: what was trained since the last one is kept (rank 0 writes it, with the
+        cursor as it stands, so the resumed run samples what this one would have), but no network is
+        exported: a generation comes only every ``train.checkpoint_every`` steps (and at the end of a
+        ``--steps`` or out-of-data run), however often the learner is stopped."""
+        if self.rank == 0:
+            path = self._write_checkpoint()
+            every = self.cfg.train.checkpoint_every
+            self.log(f"learner: step {self.step:,}: checkpoint {os.path.relpath(path, self.run_dir)} (a stop: no "
+                     f"network exported; generation {self.generation + 1} comes at step "
+                     f"{(self.step // every + 1) * every:,})")
+        self.checkpoint_step = self.step
+
     def _apply_retention(self) -> None:
         """``replay.keep_positions`` and ``replay.keep_networks``: drop old chunks (never one inside
         the window just snapshotted) and old generations' networks."""
@@ -796,17 +825,40 @@ class _Learner:
                     self.log(f"learner: stopping at step {self.step:,}: {exc} (--follow waits for new data)")
                     return None
                 if not waiting:
-                    self.log(f"learner: waiting for new data at step {self.step:,}: {exc}")
                     waiting = True
+                    if self.reporter is not None:
+                        self.reporter.waiting(True)
+                    if self._waits == 0:  # with --follow (under the daemon) waiting for games is normal: said once
+                        self.log(self._waiting_line())
+                    self._waits += 1
                 self.stop_requested.wait(self.cfg.train.starved_poll_s)
+                if self.reporter is not None:
+                    self.reporter.write_progress("waiting")  # status sees the learner alive while it waits
                 if self._should_stop(now=True):
                     self.log(f"learner: asked to stop at step {self.step:,} while waiting for data")
+                    self.stopped = True
                     return None
                 self._refresh()
                 continue
             if waiting:
-                self.log(f"learner: new data, going on at step {self.step:,}")
+                if self.reporter is not None:
+                    self.reporter.waiting(False)
+                if self._waits == 1:
+                    self.log(f"learner: step {self.step:,}: new games came in, training goes on")
             return self.feed(batch)
+
+    def _waiting_line(self) -> str:
+        """The one line a --follow learner says the first time it waits for games."""
+        sampler, cap = self.sampler, self.window.max_samples_per_position
+        if sampler.training_positions == 0:
+            why = "the replay store has no training positions yet"
+        else:
+            why = (f"the sampling cap: {sampler.samples_drawn:,} samples drawn, and replay.max_samples_per_position "
+                   f"= {cap:g} x {sampler.training_positions:,} training positions allows "
+                   f"{cap * sampler.training_positions:,.0f}")
+        return (f"learner: step {self.step:,}: waiting for self-play games ({why}); training goes on as the "
+                "workers add games. While self-play catches up this is normal, so it is said once: "
+                "`cyzero-train status RUN` shows the learner's step and whether it waits")
 
     # ---------------------------------------------------------------- loop
 
@@ -840,11 +892,15 @@ class _Learner:
                     self._checkpoint()
                 if self._should_stop():
                     self.log(f"learner: asked to stop at step {self.step:,}: writing a final checkpoint")
+                    self.stopped = True
                     break
             if self._pending:
                 self._log_metrics()
             if self.step > self.checkpoint_step:
-                self._checkpoint()
+                if self.stopped:  # a stop keeps what was trained; generations follow train.checkpoint_every
+                    self._stop_checkpoint()
+                else:
+                    self._checkpoint()
         finally:
             if self.loader is not None:
                 self.loader.close()
@@ -910,7 +966,8 @@ def _die(how: str) -> None:
 
 
 class _Reporter:
-    """Rank 0's reporting: metrics.jsonl, TensorBoard, the progress bar, console lines."""
+    """Rank 0's reporting: metrics.jsonl, TensorBoard, the progress bar, console lines, and
+    RUN/learner.json (:data:`PROGRESS_FILE`: where the learner is now, for ``cyzero-train status``)."""
 
     def __init__(self, learner: _Learner, launch: _Launch):
         self.learner = learner
@@ -926,10 +983,24 @@ class _Reporter:
             self.writer = SummaryWriter(os.path.join(learner.run_dir, TENSORBOARD_DIR))
         self._t = time.perf_counter()
         self._steps_before = 0
+        # learner.json: the training rate over the last RATE_WINDOW_S of training (waits for data and
+        # checkpoints left out), as (steps, seconds) pieces, one per write
+        self._pid = launch.parent_pid or os.getpid()  # the `learn` process (a spawned rank's parent)
+        self._started = time.time()
+        self._mark: float | None = None
+        self._busy_steps, self._busy_s = 0, 0.0
+        self._pieces: collections.deque[tuple[int, float]] = collections.deque()
+        self._written = -math.inf
+        self._progress_failed = False
+        self._waiting_since: float | None = None
+        self._waited_s = 0.0
+        self._interval_wait = 0.0  # seconds waited for data since the samples/s clock started
 
     def start(self, step: int, target: int | None) -> None:
         batch = self.learner.cfg.train.batch_size
         self._t = time.perf_counter()
+        self._mark = time.perf_counter()
+        self.write_progress("training", force=True)
         if self.progress:
             from tqdm import tqdm
 
@@ -944,17 +1015,87 @@ class _Reporter:
         """Samples/s counts training only: the clock restarts after a checkpoint and export."""
         self._t = time.perf_counter()
         self._steps_before = self.learner._pending
+        self._interval_wait = 0.0
+        self._mark = time.perf_counter()
+        self.write_progress("training", force=True)
 
     def tick(self, positions: int) -> None:
         if self.bar is not None:
             self.bar.update(positions)
+        now = time.perf_counter()
+        if self._mark is not None:
+            self._busy_steps += 1
+            self._busy_s += now - self._mark
+        self._mark = now
+        self.write_progress("training")
+
+    def waiting(self, starts: bool) -> None:
+        """The learner starts (``starts``) or stops waiting for new data: the wait is not training time."""
+        if starts:
+            self._waiting_since = time.time()
+            self.write_progress("waiting", force=True)
+        else:
+            if self._waiting_since is not None:
+                waited = max(0.0, time.time() - self._waiting_since)
+                self._waited_s += waited
+                self._interval_wait += waited
+            self._waiting_since = None
+            self._mark = time.perf_counter()
+            self.write_progress("training", force=True)
+
+    def _rate(self) -> float | None:
+        """Samples per second of training over about the last :data:`RATE_WINDOW_S` of it."""
+        if self._busy_steps:
+            self._pieces.append((self._busy_steps, self._busy_s))
+            self._busy_steps, self._busy_s = 0, 0.0
+        while len(self._pieces) > 1 and sum(t for _, t in list(self._pieces)[1:]) >= RATE_WINDOW_S:
+            self._pieces.popleft()
+        steps = sum(n for n, _ in self._pieces)
+        seconds = sum(t for _, t in self._pieces)
+        return steps * self.learner.cfg.train.batch_size / seconds if steps and seconds > 0 else None
+
+    def write_progress(self, state: str, *, force: bool = False) -> None:
+        """RUN/learner.json, atomically, at most every :data:`PROGRESS_EVERY_S` unless ``force``:
+        the step, the training rate, the window, the sampling cap, the next generation's step."""
+        now = time.monotonic()
+        if not force and now - self._written < PROGRESS_EVERY_S:
+            return
+        self._written = now
+        learner = self.learner
+        sampler, cfg = learner.sampler, learner.cfg
+        every = cfg.train.checkpoint_every
+        available = sampler.batches_available()
+        record = {
+            "pid": self._pid, "host": socket.gethostname(), "started": self._started, "time": time.time(),
+            "state": state, "step": learner.step, "target_step": learner.launch.steps,
+            "generation": learner.generation, "checkpoint_step": learner.checkpoint_step,
+            "checkpoint_every": every, "next_generation_step": (learner.step // every + 1) * every,
+            "batch_size": cfg.train.batch_size, "world": learner.world, "device": learner.device.type,
+            "samples_per_s": self._rate(),
+            "window_positions": sampler.window_positions, "training_positions": sampler.training_positions,
+            "samples_drawn": sampler.samples_drawn,
+            "max_samples_per_position": cfg.replay.max_samples_per_position,
+            "batches_available": min(available, 1 << 53),
+            "waiting_since": self._waiting_since,
+            "waited_s": self._waited_s + (time.time() - self._waiting_since if self._waiting_since else 0.0),
+            "follow": learner.launch.follow,
+        }
+        try:
+            atomic_write_text(os.path.join(learner.run_dir, PROGRESS_FILE), json.dumps(record) + "\n")
+        except OSError as exc:
+            if not self._progress_failed:  # said once: training goes on without it
+                self._progress_failed = True
+                self.log(f"learner: {PROGRESS_FILE} not written ({exc}): `status` will not show the learner's step")
 
     def metrics(self, losses: dict[str, float], steps: int) -> None:
         learner = self.learner
         now = time.perf_counter()
         timed = steps - self._steps_before
         self._steps_before = 0
-        rate = timed * learner.cfg.train.batch_size / max(now - self._t, 1e-9) if timed > 0 else None
+        # samples/s while training: the time waited for new games is left out
+        rate = (timed * learner.cfg.train.batch_size / max(now - self._t - self._interval_wait, 1e-9)
+                if timed > 0 else None)
+        self._interval_wait = 0.0
         record: dict[str, Any] = {
             "step": learner.step,
             "time": time.time(),
@@ -990,6 +1131,8 @@ class _Reporter:
         self._t = time.perf_counter()
 
     def close(self) -> None:
+        self._waiting_since = None
+        self.write_progress("stopped", force=True)
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
@@ -1133,48 +1276,70 @@ def _forward(lines, log: Log) -> None:
         log(line)
 
 
-def _resolve_config(run_dir: str, config_path: str | os.PathLike | None, write: bool, log: Log) -> TrainConfig:
+def _resolve_config(run_dir: str, config_path: str | os.PathLike | None) -> TrainConfig:
     """The run's config: ``config_path`` (a path or a bundled config's name) if given, else
-    RUN/config.toml, else the defaults; RUN/config.toml is (re)written to hold the config in use
-    (when ``write``)."""
+    RUN/config.toml, else the defaults."""
     run_file = os.path.join(run_dir, CONFIG_FILE)
     if config_path is not None:
-        config = load_named_config(config_path)
-    elif os.path.exists(run_file):
-        config = load_config(run_file)
-    else:
-        config = default_config()
+        return load_config(named_config_path(config_path))
+    if os.path.exists(run_file):
+        return load_config(run_file)
+    return default_config()
+
+
+def _write_run_config(run_dir: str, config: TrainConfig, config_path: str | os.PathLike | None, log: Log) -> None:
+    """RUN/config.toml, the user's file, is written only when the run has none (every key with its
+    meaning) and never rewritten, so the user's edits and comments stay; the config in use goes to
+    RUN/config.effective.toml (atomically, every key), which ``status`` and the daemon's learner read."""
+    run_file = os.path.join(run_dir, CONFIG_FILE)
+    effective_file = os.path.join(run_dir, EFFECTIVE_CONFIG_FILE)
     text = to_toml(config)
+    if not os.path.exists(run_file):
+        atomic_write_text(run_file, text)
+    elif config_path is not None:
+        source = os.path.abspath(named_config_path(config_path))
+        if source not in (os.path.abspath(run_file), os.path.abspath(effective_file)) \
+                and _config_or_none(run_file) != config:
+            log(f"learner: {run_file} is left as you wrote it; this start uses {config_path} "
+                f"(every key in {EFFECTIVE_CONFIG_FILE})")
     try:
-        with open(run_file, encoding="utf-8") as f:
+        with open(effective_file, encoding="utf-8") as f:
             old = f.read()
     except FileNotFoundError:
         old = None
-    if write and old != text:
-        if old is not None:
-            source = config_path if config_path is not None else "its own keys and the defaults"
-            log(f"learner: {run_file} rewritten with every key, from {source}")
-        atomic_write_text(run_file, text)
-    return config
+    if old != text:
+        atomic_write_text(effective_file, text)
 
 
-def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log) -> tuple[TrainConfig, str | None]:
-    """Config and checkpoint checks made before the training starts (clear one-line errors);
-    ``lead``: this process writes the run's files and logs (not the other torchrun ranks)."""
+def _config_or_none(path: str) -> TrainConfig | None:
+    try:
+        return load_config(path)
+    except ValueError:
+        return None
+
+
+def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log,
+             config: TrainConfig | None = None) -> tuple[TrainConfig, str | None]:
+    """Config and checkpoint checks made before the training starts (clear one-line errors), then
+    (``lead``: this process writes the run's files and logs, not the other torchrun ranks) the
+    run's config files. ``config``: this config instead of ``config_path``'s (the daemon's)."""
     if not lead:
         log = _quiet
-    config = _resolve_config(run_dir, config_path, lead, log)
+    if config is None:
+        config = _resolve_config(run_dir, config_path)
     if config.train.batch_size % devices_world:
         raise ValueError(f"train.batch_size {config.train.batch_size} is not a multiple of the "
                          f"{devices_world} ranks")
     found = load_newest_checkpoint(run_dir, log)
-    if found is None:
-        return config, None
-    data, path = found
-    differs = model_differences(config, data["train_config"])
-    if differs:
-        raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
-                         f"{path}: start a new run directory, or restore the run's [model] section")
+    path = None
+    if found is not None:
+        data, path = found
+        differs = model_differences(config, data["train_config"])
+        if differs:
+            raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
+                             f"{path}: start a new run directory, or restore the run's [model] section")
+    if lead:
+        _write_run_config(run_dir, config, config_path, log)
     return config, path
 
 
@@ -1219,17 +1384,18 @@ def newest_generation(run_dir: str | os.PathLike) -> dict | None:
 
 
 def initialize_run(run_dir: str | os.PathLike, *, config_path: str | os.PathLike | None = None,
-                   log: Log | None = None) -> dict:
+                   config: TrainConfig | None = None, log: Log | None = None) -> dict:
     """Generation 0 for a run that has none: the config's freshly initialised network, as the
     step-0 checkpoint (where the learner starts) and ``networks/gen-00000.onnx``, so self-play has
     a network to play before the first training step. Returns the newest generation's record;
-    a run with a checkpoint or a generation is left as it is. ValueError: a bad config, or a
-    learner running on the run."""
+    a run with a checkpoint or a generation is left as it is. ``config``: this config instead of
+    ``config_path``'s or the run's (the daemon's). ValueError: a bad config, or a learner running
+    on the run."""
     log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
     os.makedirs(run_dir, exist_ok=True)
     with _run_lock(run_dir):
-        config, checkpoint = _prepare(run_dir, config_path, 1, True, log)
+        config, checkpoint = _prepare(run_dir, config_path, 1, True, log, config)
         newest = newest_generation(run_dir)
         if checkpoint is None and newest is None:
             launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind="cpu", steps=0, follow=False,
@@ -1278,6 +1444,8 @@ def learn(
             else:
                 parsed = parse_devices(devices)
                 rank, world, local = 0, parsed.world, 0
+            if config_path is not None:
+                load_config(named_config_path(config_path))  # a bad --config creates nothing
             os.makedirs(run_dir, exist_ok=True)
             if rank == 0:
                 stack.enter_context(_run_lock(run_dir))

@@ -1,13 +1,19 @@
 """What a person reads about a run: ``cyzero-train status RUN`` and ``cyzero-train plot RUN``.
 
 Both only read what the learner, the replay store and the daemon wrote
-(``metrics.jsonl``, ``generations.jsonl``, the replay manifest, the checkpoint
-folder; ``daemon.json``, ``workers.json``, ``published.jsonl``, ``gating.jsonl``;
-``evaluation.jsonl`` from ``cyzero-train evaluate``),
+(``learner.json``, ``metrics.jsonl``, ``generations.jsonl``, the replay manifest, the
+checkpoint folder, ``config.effective.toml``; ``daemon.json``, ``workers.json``,
+``published.jsonl``, ``gating.jsonl``; ``evaluation.jsonl`` from ``cyzero-train evaluate``),
 so they work while a run is going and never disturb it. Every one of them is
 optional (a learner-only run has no daemon files), and another process may be
 writing them: a torn or garbled line or file is skipped, never an error. The run
 directory's layout is described in ``docs/training.md``.
+
+``status`` answers at once: this module imports neither torch nor numpy nor the engine
+(the file names and the window's rule come from :mod:`trainer.config`, which has no
+dependencies; tests/test_report.py checks they are the writers' own), reads the manifest
+without the game ids of its lines, and the logs from their ends. ``plot`` imports
+matplotlib when it draws.
 """
 
 from __future__ import annotations
@@ -15,24 +21,68 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-from trainer.atomic import atomic_open, read_jsonl
-from trainer.config import load_run_config
-from trainer.daemon import DAEMON_FILE, GATING_FILE, PUBLISHED_FILE, WORKERS_FILE, describe_share
-from trainer.evaluate import read_evaluations
-from trainer.learner import GENERATIONS_FILE, METRICS_FILE, list_checkpoints
-from trainer.replay import ReplayStore, is_validation, window_size
+from trainer.atomic import atomic_open
+from trainer.config import (
+    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
+)
+
+# The run directory's files, as their writers name them (trainer.learner, trainer.daemon,
+# trainer.evaluate, trainer.replay): not imported from there, since those modules import torch
+# or the engine. tests/test_report.py checks each against its writer's constant.
+METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "generations.jsonl"
+PROGRESS_FILE = "learner.json"
+CHECKPOINT_DIR = "checkpoints"
+NETWORK_DIR = "networks"
+DAEMON_FILE = "daemon.json"
+WORKERS_FILE = "workers.json"
+PUBLISHED_FILE = "published.jsonl"
+GATING_FILE = "gating.jsonl"
+EVALUATION_FILE = "evaluation.jsonl"
+MANIFEST = os.path.join("replay", "manifest.jsonl")
+OPPONENTS = ("gen0", "random")
+
+#: What makes a folder a run directory: any one of these (a run that only has its config counts).
+RUN_MARKERS = (CONFIG_FILE, EFFECTIVE_CONFIG_FILE, MANIFEST, CHECKPOINT_DIR, NETWORK_DIR, METRICS_FILE,
+               GENERATIONS_FILE, PROGRESS_FILE, "learner.lock", DAEMON_FILE, "daemon.lock", WORKERS_FILE,
+               PUBLISHED_FILE, GATING_FILE, EVALUATION_FILE)
+
+#: Self-play's games/h and positions/s are measured over the store's last this-many seconds.
+RATE_SPAN_S = 600.0
+
+
+def check_run_dir(run_dir: str | os.PathLike) -> str:
+    """``run_dir`` as a string; ValueError "... is not a run directory" for a folder that does
+    not exist or holds none of a run's files (so ``status /tmp`` does not show an empty run)."""
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"{run_dir} is not a run directory: there is no such folder")
+    if not any(os.path.exists(os.path.join(run_dir, name)) for name in RUN_MARKERS):
+        raise ValueError(f"{run_dir} is not a run directory: it holds none of a run's files ({CONFIG_FILE}, "
+                         f"{MANIFEST}, {CHECKPOINT_DIR}/, {METRICS_FILE}, {DAEMON_FILE}, ...); "
+                         "`cyzero-train run RUN` or `cyzero-train bootstrap RUN ...` makes one")
+    return run_dir
+
+
+# --------------------------------------------------------------------------- small readers
 
 
 def _ago(seconds: float) -> str:
+    return f"{_duration(seconds)} ago"
+
+
+def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
-            return f"{seconds / size:.1f} {unit} ago"
-    return f"{seconds:.0f} s ago"
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def _number(value: Any) -> str:
@@ -45,62 +95,46 @@ def _number(value: Any) -> str:
     return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def run_status(run_dir: str | os.PathLike) -> dict:
-    """The run's state as plain data (what ``status --json`` prints)."""
-    run_dir = os.fspath(run_dir)
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"no run directory {run_dir}")
-    config = load_run_config(run_dir)
-    window = config.replay
-    entries = ReplayStore(run_dir).entries()
-    train = [e for e in entries if not is_validation(e.name, window.val_percent)]
-    by_source: Counter[str] = Counter()
-    for e in entries:
-        by_source[e.source] += e.positions
-    train_positions = sum(e.positions for e in train)
-    data = {
-        "positions": sum(e.positions for e in entries),
-        "games": sum(e.games for e in entries),
-        "chunks": len(entries),
-        "by_source": dict(by_source),
-        "training_positions": train_positions,
-        "validation_positions": sum(e.positions for e in entries) - train_positions,
-        "window": window_size(train_positions, floor=window.floor, alpha=window.alpha, beta=window.beta),
-        "window_floor": window.floor,
-        "newest_chunk_time": max((e.time for e in entries), default=None),
-        "newest_generation_played": max((e.generation for e in entries), default=None),
-    }
-    generations = _log(os.path.join(run_dir, GENERATIONS_FILE))
-    metrics = _log(os.path.join(run_dir, METRICS_FILE))
-    checkpoints = list_checkpoints(run_dir)
-    return {
-        "run": os.path.abspath(run_dir),
-        "data": data,
-        "checkpoint": {"step": checkpoints[-1][0], "path": checkpoints[-1][1],
-                       "time": os.path.getmtime(checkpoints[-1][1])} if checkpoints else None,
-        "generation": generations[-1] if generations else None,
-        "previous_generation": generations[-2] if len(generations) > 1 else None,
-        "metrics": metrics[-1] if metrics else None,
-        **_daemon_status(run_dir),
-        "evaluation": _newest_evaluation(run_dir),
-    }
-
-
-def _newest_evaluation(run_dir: str) -> list[dict] | None:
-    """The last evaluation line of each opponent for the newest generation evaluated (None: none yet)."""
-    rows = read_evaluations(run_dir)
-    if not rows:
-        return None
-    newest = max(r["generation"] for r in rows)
-    last = {r["opponent"]: r for r in rows if r["generation"] == newest}
-    return [last[k] for k in sorted(last)]
-
-
-def _log(path: str) -> list[dict]:
-    """``read_jsonl``, and nothing rather than an error for a log that is not UTF-8 text or not a file."""
+def _lines(path: str) -> list[dict]:
+    """The JSON objects of a log (a torn or garbled line skipped; nothing for a missing file)."""
     try:
-        return read_jsonl(path)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return _objects(data.split(b"\n"))
+
+
+def _objects(lines) -> list[dict]:
+    out = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def _last_lines(path: str, n: int = 2, tail: int = 1 << 16) -> list[dict]:
+    """The last ``n`` JSON objects of an append-only log, read from its end (a long log costs
+    nothing more); fewer when the log has fewer."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            while True:
+                start = max(0, size - tail)
+                f.seek(start)
+                data = f.read(size - start)
+                lines = data.split(b"\n")
+                if start > 0:
+                    lines = lines[1:]  # the first may be the end of a line cut by the seek
+                found = _objects(lines)
+                if len(found) >= n or start == 0:
+                    return found[-n:]
+                tail *= 4
+    except OSError:
         return []
 
 
@@ -122,8 +156,94 @@ def _num(value: Any) -> int | float | None:
     return value if math.isfinite(value) else None
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+class Chunk(NamedTuple):
+    """One live chunk of the replay manifest (what ``status`` and ``plot`` need of it)."""
+
+    name: str
+    positions: int
+    games: int
+    generation: int
+    source: str
+    time: float
+
+
+_GAME_IDS = b',"game_ids":'
+
+
+def read_manifest(run_dir: str) -> list[Chunk]:
+    """The live chunks of RUN/replay/manifest.jsonl, oldest first, as trainer.replay replays the
+    log (an ``add`` line adds a chunk once, a ``prune`` line removes names; a torn or malformed
+    line is skipped). A self-play line ends with its game ids, most of its bytes: they are cut off
+    before the line is parsed (the whole line is parsed when that does not give valid JSON)."""
+    try:
+        with open(os.path.join(run_dir, MANIFEST), "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    live: dict[str, Chunk] = {}
+    for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
+        if not line.strip():
+            continue
+        cut = line.find(_GAME_IDS)
+        try:
+            obj = json.loads(line[:cut] + b"}" if cut > 0 else line)
+        except ValueError:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("op") == "add":
+            name, positions, games = obj.get("name"), _int(obj.get("positions")), _int(obj.get("games"))
+            generation, source, when = _int(obj.get("generation")), obj.get("source"), _num(obj.get("time"))
+            if (isinstance(name, str) and isinstance(source, str) and positions and positions > 0
+                    and games is not None and generation is not None and when is not None):
+                live.setdefault(name, Chunk(name, positions, games, generation, source, float(when)))
+        elif obj.get("op") == "prune" and isinstance(obj.get("names"), list):
+            for name in obj["names"]:
+                live.pop(str(name), None)
+    return list(live.values())
+
+
+def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first (as trainer.learner lists them)."""
+    folder = os.path.join(run_dir, CHECKPOINT_DIR)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = re.fullmatch(r"step-(\d{8,})\.pt", name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(folder, name)))
+    return sorted(found)
+
+
+def read_evaluations(run_dir: str) -> list[dict]:
+    """The well-formed lines of RUN/evaluation.jsonl (as trainer.evaluate.read_evaluations reads them)."""
+    rows = []
+    for r in _lines(os.path.join(run_dir, EVALUATION_FILE)):
+        row = {"generation": _int(r.get("generation")), "opponent": r.get("opponent"),
+               **{k: _int(r.get(k)) for k in ("wins", "draws", "losses", "games", "nodes")},
+               **{k: (None if _num(r.get(k)) is None else r[k] + 0.0) for k in ("score", "elo", "elo_error", "time")}}
+        if (row["generation"] is None or row["opponent"] not in OPPONENTS or row["nodes"] is None
+                or None in (row["wins"], row["draws"], row["losses"], row["games"])):
+            continue
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- processes
 
 
 def _pid_alive(pid: Any) -> bool | None:
@@ -139,6 +259,213 @@ def _pid_alive(pid: Any) -> bool | None:
     except OSError:
         return None
     return True
+
+
+_CLI_NAMES = ("cyzero-train", "trainer.cli", "cli.py")
+
+
+def process_runs(pid: Any, command: str, run_dir: str) -> bool | None:
+    """Whether process ``pid`` is ``cyzero-train COMMAND RUN`` (or ``python -m trainer.cli COMMAND
+    RUN``) on this run directory, not another process that got the pid after the one recorded
+    ended: its command line (``/proc/PID/cmdline``) is read, and a relative RUN is taken from its
+    working directory. None: ``pid`` is not a pid. Without /proc (not Linux), whether it exists."""
+    alive = _pid_alive(pid)
+    if not alive or not os.path.isdir("/proc/self"):
+        return alive
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except FileNotFoundError:
+        return False  # it ended meanwhile
+    except OSError:
+        return alive
+    try:
+        cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = None
+    target = os.path.realpath(run_dir)
+    for i, arg in enumerate(args):
+        if arg in _CLI_NAMES or os.path.basename(arg) in _CLI_NAMES[:1] or arg.endswith("/trainer/cli.py"):
+            rest = args[i + 1:]
+            if command not in rest:
+                continue
+            for candidate in rest[rest.index(command) + 1:]:
+                if candidate.startswith("-"):
+                    continue
+                if os.path.isabs(candidate) or cwd is not None:
+                    if os.path.realpath(os.path.join(cwd or "/", candidate)) == target:
+                        return True
+                elif os.path.basename(os.path.normpath(candidate)) == os.path.basename(target):
+                    return True  # its working directory is not ours to read: the folder's name must do
+    return False
+
+
+# --------------------------------------------------------------------------- status
+
+
+def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
+    """The run's state as plain data (what ``status --json`` prints); ValueError for a folder that
+    is not a run directory."""
+    run_dir = check_run_dir(run_dir)
+    now = time.time() if now is None else now
+    try:
+        config = load_effective_config(run_dir)
+    except ValueError:  # a config the user is editing, say: the defaults' window, not an error
+        config = TrainConfig()
+    chunks = read_manifest(run_dir)
+    daemon_part = _daemon_status(run_dir)
+    checkpoints = list_checkpoints(run_dir)
+    generations = _last_lines(os.path.join(run_dir, GENERATIONS_FILE), 2)
+    metrics = _last_lines(os.path.join(run_dir, METRICS_FILE), 1)
+    checkpoint = None
+    if checkpoints:
+        try:
+            checkpoint = {"step": checkpoints[-1][0], "path": checkpoints[-1][1],
+                          "time": os.path.getmtime(checkpoints[-1][1])}
+        except OSError:  # deleted meanwhile (keep_checkpoints)
+            checkpoint = None
+    data = _data_status(chunks, config)
+    selfplay = _selfplay_rate(chunks, config, daemon_part["daemon"], now)
+    learner = _learner_status(run_dir)
+    return {
+        "run": os.path.abspath(run_dir),
+        "data": data,
+        "selfplay": selfplay,
+        "learner": learner,
+        "next_generation": _next_generation(learner, data, selfplay, metrics[-1] if metrics else None, config),
+        "checkpoint": checkpoint,
+        "generation": generations[-1] if generations else None,
+        "previous_generation": generations[-2] if len(generations) > 1 else None,
+        "metrics": metrics[-1] if metrics else None,
+        **daemon_part,
+        "evaluation": _newest_evaluation(run_dir),
+    }
+
+
+def _data_status(chunks: list[Chunk], config: TrainConfig) -> dict:
+    """What the store holds, the window (the newest training positions the learner samples) and how old it is."""
+    w = config.replay
+    by_source: Counter[str] = Counter()
+    for c in chunks:
+        by_source[c.source] += c.positions
+    train = [c for c in chunks if not is_validation(c.name, w.val_percent)]
+    train_positions = sum(c.positions for c in train)
+    size = window_size(train_positions, floor=w.floor, alpha=w.alpha, beta=w.beta)
+    inside, covered = [], 0
+    for c in reversed(train):  # the window: the newest training chunks holding `size` positions
+        if covered >= size:
+            break
+        inside.append(c)
+        covered += c.positions
+    total = sum(c.positions for c in chunks)
+    return {
+        "positions": total,
+        "games": sum(c.games for c in chunks),
+        "chunks": len(chunks),
+        "by_source": dict(by_source),
+        "training_positions": train_positions,
+        "validation_positions": total - train_positions,
+        "window": size,
+        "window_floor": w.floor,
+        "window_oldest_time": min((c.time for c in inside), default=None),
+        "window_newest_time": max((c.time for c in inside), default=None),
+        "window_generations": ([min(c.generation for c in inside), max(c.generation for c in inside)]
+                               if inside else None),
+        "newest_chunk_time": max((c.time for c in chunks), default=None),
+        "newest_generation_played": max((c.generation for c in chunks), default=None),
+    }
+
+
+def _selfplay_rate(chunks: list[Chunk], config: TrainConfig, daemon: dict | None, now: float) -> dict | None:
+    """Games/h and positions/s the store received from self-play over its last :data:`RATE_SPAN_S`
+    (from the daemon's start when that is later; up to the newest game when the daemon is not
+    running). None: no self-play game yet."""
+    games = [c for c in chunks if c.source == "selfplay"]
+    if not games:
+        return None
+    running = daemon is not None and daemon.get("alive") is not False
+    end = now if running else max(c.time for c in games)
+    started = daemon.get("started") if daemon else None
+    if not isinstance(started, (int, float)) or started > end:
+        started = min(c.time for c in games)  # no better start known: the first game stored
+    begin = max(end - RATE_SPAN_S, started)
+    span = end - begin
+    recent = [c for c in games if begin < c.time <= end]
+    if span < 1.0:
+        return None
+    training = sum(c.positions for c in recent if not is_validation(c.name, config.replay.val_percent))
+    return {"games_per_hour": sum(c.games for c in recent) * 3600.0 / span,
+            "positions_per_s": sum(c.positions for c in recent) / span,
+            "training_positions_per_s": training / span,
+            "over_s": span, "running": running}
+
+
+def _learner_status(run_dir: str) -> dict | None:
+    """RUN/learner.json with every field checked, and ``running``: whether the process that wrote it
+    is still the run's learner (None: the file is missing or garbled)."""
+    record = _read_json(os.path.join(run_dir, PROGRESS_FILE))
+    if record is None or _int(record.get("step")) is None:
+        return None
+    out: dict[str, Any] = {key: _num(record.get(key)) for key in (
+        "pid", "started", "time", "step", "target_step", "generation", "checkpoint_step", "checkpoint_every",
+        "next_generation_step", "batch_size", "world", "samples_per_s", "window_positions", "training_positions",
+        "samples_drawn", "max_samples_per_position", "batches_available", "waiting_since", "waited_s")}
+    state = record.get("state")
+    out["state"] = state if state in ("training", "waiting", "stopped") else None
+    out["device"] = _text(record.get("device"))
+    out["follow"] = record.get("follow") is True
+    out["running"] = False if out["state"] == "stopped" else process_runs(out["pid"], "learn", run_dir)
+    return out
+
+
+def _next_generation(learner: dict | None, data: dict, selfplay: dict | None, metrics: dict | None,
+                     config: TrainConfig) -> dict | None:
+    """When the learner exports its next generation. The learner needs ``steps_left`` steps at its
+    training rate; the store allows it ``max_samples_per_position`` samples per training position
+    in all, so past what the positions stored now allow, each step waits for self-play to add
+    ``batch / max_samples_per_position`` training positions. The expected time is the longer of
+    the two. None: no learner running."""
+    if not learner or not learner["running"] or learner["step"] is None:
+        return None
+    step, every, batch = learner["step"], learner["checkpoint_every"], learner["batch_size"]
+    if not every or not batch:
+        return None
+    at = learner["next_generation_step"] or (step // every + 1) * every
+    target = learner["target_step"]
+    if target is not None and target < at:
+        at = target  # a --steps run exports at its end
+    left = max(0, at - step)
+    out: dict[str, Any] = {"generation": (learner["generation"] or 0) + 1, "step": at, "steps_left": left,
+                           "eta_s": None, "limited_by": None, "steps_allowed_now": None, "data_steps_per_s": None,
+                           "learner_samples_per_s": None}
+    rate = learner["samples_per_s"] or (_num(metrics.get("samples_per_s")) if metrics else None)
+    out["learner_samples_per_s"] = rate
+    cap = learner["max_samples_per_position"] or config.replay.max_samples_per_position
+    drawn = learner["samples_drawn"] or 0
+    allowed = math.floor((cap * data["training_positions"] - drawn) / batch)  # negative: games owed first
+    out["steps_allowed_now"] = allowed
+    learning = left * batch / rate if rate else None
+    if left <= allowed:
+        out["eta_s"], out["limited_by"] = learning, "learner"
+        return out
+    if selfplay and selfplay["running"] and selfplay["training_positions_per_s"] > 0:
+        out["data_steps_per_s"] = selfplay["training_positions_per_s"] * cap / batch
+        waiting = (left - allowed) / out["data_steps_per_s"]
+        out["eta_s"] = max(waiting, learning or 0.0)
+        out["limited_by"] = "selfplay" if waiting >= (learning or 0.0) else "learner"
+    else:
+        out["limited_by"] = "selfplay"  # no game coming in: it waits until one does
+    return out
+
+
+def _newest_evaluation(run_dir: str) -> list[dict] | None:
+    """The last evaluation line of each opponent for the newest generation evaluated (None: none yet)."""
+    rows = read_evaluations(run_dir)
+    if not rows:
+        return None
+    newest = max(r["generation"] for r in rows)
+    last = {r["opponent"]: r for r in rows if r["generation"] == newest}
+    return [last[k] for k in sorted(last)]
 
 
 def _worker(record: dict) -> dict:
@@ -159,10 +486,11 @@ def _worker(record: dict) -> dict:
 
 def _daemon_status(run_dir: str) -> dict:
     """``daemon``, ``workers``, ``published`` and ``gating``: each None when its file is absent or
-    unreadable."""
+    unreadable. The daemon counts as running only when its pid is still ``cyzero-train run`` on
+    this run (a pid may have been reused since)."""
     daemon = _read_json(os.path.join(run_dir, DAEMON_FILE))
     if daemon is not None:
-        daemon = {"pid": _num(daemon.get("pid")), "alive": _pid_alive(daemon.get("pid")),
+        daemon = {"pid": _num(daemon.get("pid")), "alive": process_runs(daemon.get("pid"), "run", run_dir),
                   "started": _num(daemon.get("started")), "run": _text(daemon.get("run")),
                   **{key: _text(daemon.get(key)) for key in ("endpoint", "publish", "fetch")},
                   "keys": daemon.get("keys") is True}
@@ -189,10 +517,9 @@ def _daemon_status(run_dir: str) -> dict:
                       "games": sum(w["games"] or 0 for w in rows),
                       "restarts": sum(w["restarts"] or 0 for w in rows)},
         }
-    published = [r for r in _log(os.path.join(run_dir, PUBLISHED_FILE))
+    published = [r for r in _last_lines(os.path.join(run_dir, PUBLISHED_FILE), 1)
                  if _num(r.get("generation")) is not None]
-    gating = [_gate(r) for r in _log(os.path.join(run_dir, GATING_FILE))
-              if _num(r.get("generation")) is not None]
+    gating = [_gate(r) for r in _lines(os.path.join(run_dir, GATING_FILE)) if _num(r.get("generation")) is not None]
     return {"daemon": daemon, "workers": workers,
             "published": published[-1] if published else None,
             "gating": gating[-1] if gating else None}
@@ -210,6 +537,14 @@ def _numeric_items(record: dict, skip: tuple[str, ...]) -> list[tuple[str, Any]]
             if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
+def _span(first: float | None, last: float | None, now: float) -> str:
+    if first is None or last is None:
+        return ""
+    if now - first < 1.0 or abs(last - first) < 1.0:
+        return f", played {_ago(now - last)}"
+    return f", played {_duration(now - first)} to {_ago(now - last)}"
+
+
 def format_status(status: dict, now: float | None = None) -> str:
     """``status`` as the few lines a person wants to read."""
     now = time.time() if now is None else now
@@ -220,12 +555,24 @@ def format_status(status: dict, now: float | None = None) -> str:
         lines.append(f"  data        {d['positions']:,} positions, {d['games']:,} games in {d['chunks']:,} "
                      f"chunk{'s' if d['chunks'] != 1 else ''}"
                      f" ({sources})")
+        generations = d.get("window_generations")
+        played_by = ("" if not generations else f" by generation {generations[0]}" if generations[0] == generations[1]
+                     else f" by generations {generations[0]}-{generations[1]}")
         lines.append(f"  window      {d['window']:,} of {d['training_positions']:,} training positions"
-                     f" (floor {d['window_floor']:,}); {d['validation_positions']:,} held out for validation")
+                     f" (floor {d['window_floor']:,})"
+                     f"{_span(d.get('window_oldest_time'), d.get('window_newest_time'), now)}{played_by}; "
+                     f"{d['validation_positions']:,} held out for validation")
         lines.append(f"  newest data {_ago(now - d['newest_chunk_time'])}, "
                      f"played by generation {d['newest_generation_played']}")
     else:
         lines.append("  data        none yet: `cyzero-train bootstrap RUN ...` or self-play adds it")
+    selfplay = status.get("selfplay")
+    if selfplay:
+        over = (f"over the last {_duration(selfplay['over_s'])}" if selfplay["running"]
+                else f"in its last {_duration(selfplay['over_s'])} (no daemon running now)")
+        lines.append(f"  self-play   {_number(round(selfplay['games_per_hour']))} games/h, "
+                     f"{selfplay['positions_per_s']:,.1f} positions/s stored {over}")
+    lines += _format_learner(status, now)
     checkpoint = status["checkpoint"]
     if checkpoint:
         lines.append(f"  checkpoint  step {checkpoint['step']:,} ({os.path.basename(checkpoint['path'])}, "
@@ -236,15 +583,15 @@ def format_status(status: dict, now: float | None = None) -> str:
     if generation:
         sha = str(generation.get("sha256", ""))[:12]
         when = generation.get("time")
-        lines.append(f"  network     generation {generation.get('generation')} at step {generation.get('step', '?'):,}"
+        lines.append(f"  network     generation {generation.get('generation')} at step {_number(generation.get('step', '?'))}"
                      f" ({generation.get('onnx')}, sha256 {sha}…"
                      + (f", {_ago(now - when)})" if isinstance(when, (int, float)) else ")"))
         val = generation.get("val") or {}
         previous = (status.get("previous_generation") or {}).get("val") or {}
-        if val:
+        if isinstance(val, dict) and val:
             parts = []
             for key, value in _numeric_items(val, ()):
-                before = previous.get(key)
+                before = previous.get(key) if isinstance(previous, dict) else None
                 trend = f" (was {_number(before)})" if isinstance(before, (int, float)) else ""
                 parts.append(f"{key} {_number(value)}{trend}")
             lines.append("  validation  " + ", ".join(parts))
@@ -267,6 +614,71 @@ def format_status(status: dict, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _format_learner(status: dict, now: float) -> list[str]:
+    """``training``: the learner's step, its rate and whether it waits for games; ``next gen``: when
+    the next generation comes (both from RUN/learner.json)."""
+    learner = status.get("learner")
+    if not learner:
+        return []
+    step = _number(learner["step"])
+    as_of = f"as of {_ago(now - learner['time'])}" if learner["time"] is not None else "time unknown"
+    if learner["state"] == "stopped":
+        return [f"  training    stopped at step {step}, {as_of}"]
+    if learner["running"] is False:
+        return [f"  training    not running: last seen at step {step}, {as_of} (it ended without a word: "
+                "see logs/learner.log)"]
+    metrics = status.get("metrics") or {}
+    if learner["samples_per_s"]:
+        rate = f"{learner['samples_per_s']:,.1f} samples/s while training"
+    elif _num(metrics.get("samples_per_s")):
+        rate = f"{metrics['samples_per_s']:,.1f} samples/s at the last log (step {_number(metrics.get('step'))})"
+    else:
+        rate = "samples/s not measured yet"
+    if learner["state"] == "waiting":
+        since = learner["waiting_since"]
+        why = (f"at the sampling cap, replay.max_samples_per_position = {_number(learner['max_samples_per_position'])}"
+               if learner["training_positions"] else "no training positions yet")
+        doing = (f"waiting for self-play games{f' for {_duration(now - since)}' if since is not None else ''}"
+                 f" ({why}); {rate}")
+    else:
+        doing = rate
+    lines = [f"  training    step {step}: {doing} ({as_of})"]
+    nxt = status.get("next_generation")
+    if nxt:
+        head = f"  next gen    generation {nxt['generation']} at step {nxt['step']:,}, {_plural(nxt['steps_left'], 'step')} to go"
+        if nxt["eta_s"] is not None:
+            lines.append(f"{head}: in about {_duration(nxt['eta_s'])}" + _limit(nxt, status))
+        elif nxt["limited_by"] == "selfplay":
+            lines.append(f"{head}: once self-play adds games (none stored lately)")
+        else:
+            lines.append(f"{head}: in ? (the learner has not measured its rate yet)")
+    return lines
+
+
+def _limit(nxt: dict, status: dict) -> str:
+    if nxt["limited_by"] != "selfplay" or not nxt["data_steps_per_s"]:
+        return " (at the learner's pace)" if nxt["limited_by"] == "learner" else ""
+    selfplay = status.get("selfplay") or {}
+    return (f" (self-play sets the pace: {selfplay.get('training_positions_per_s', 0):,.1f} training positions/s "
+            f"allow {nxt['data_steps_per_s'] * 60:,.1f} steps a minute)")
+
+
+def describe_share(share: dict) -> str:
+    """One device's share as a person reads it: ``1 self-play worker (256 games, network batches up
+    to 1024) and learner rank(s) 1, sharing its time``."""
+    parts = []
+    workers = share.get("selfplay_workers") or 0
+    if workers:
+        batch = share.get("network_max_batch")
+        parts.append(f"{workers} self-play worker{'s' if workers != 1 else ''} ({share.get('games_per_worker')} games"
+                     + (f", network batches up to {batch}" if batch else "") + ")")
+    ranks = share.get("learner_ranks") or 0
+    if ranks:
+        parts.append(f"{ranks} learner rank{'s' if ranks != 1 else ''}")
+    text = " and ".join(parts) or "nothing"
+    return text + (", sharing its time" if workers and ranks else "")
+
+
 def _opt(value: Any, unknown: str = "?") -> str:
     return unknown if value is None else _number(value)
 
@@ -287,10 +699,11 @@ def _format_daemon(status: dict, now: float) -> list[str]:
                      f"{daemon['endpoint'] or '?'}, networks on {daemon['publish'] or '?'}"
                      f" (fetch {daemon['fetch'] or '?'}), keys {'on' if daemon['keys'] else 'off'}")
     workers = status.get("workers")
+    stopped = daemon is not None and daemon["alive"] is False
     if workers:
         total = workers["total"]
         when = f", as of {_ago(now - workers['time'])}" if workers["time"] is not None else ""
-        if daemon and daemon["alive"] is False:
+        if stopped:
             when += ": the daemon is not running, so none is playing now"
         lines.append(f"  workers     {total['alive']} of {total['known']} alive: "
                      f"{_number(round(total['games_per_hour']))} games/h, "
@@ -307,8 +720,9 @@ def _format_daemon(status: dict, now: float) -> list[str]:
                          f"positions/s, {_plural(w['games'], 'game')}, {_plural(w['restarts'], 'restart')}")
     learner = workers.get("learner") if workers else None
     if learner:
-        lines.append(f"  learner     {'alive' if learner['alive'] else 'not running'} on {learner['devices'] or '?'}"
-                     + (f", pid {learner['pid']}" if learner["pid"] is not None else "")
+        alive = learner["alive"] and not stopped
+        lines.append(f"  learner     {'alive' if alive else 'not running'} on {learner['devices'] or '?'}"
+                     + (f", pid {learner['pid']}" if learner["pid"] is not None and alive else "")
                      + f", {_plural(learner['restarts'] or 0, 'restart')}")
     if workers and workers.get("devices"):
         for device, share in workers["devices"].items():
@@ -334,79 +748,247 @@ def _format_daemon(status: dict, now: float) -> list[str]:
     return lines
 
 
-# Which chart a metric goes on: the first group whose test its name passes.
-_CHART_GROUPS = (
-    ("validation", lambda k: k.startswith("val")),
-    ("learning_rate", lambda k: k in ("lr", "learning_rate")),
-    ("throughput", lambda k: k.endswith("per_s") or k.endswith("/s") or k in ("samples_s", "window", "generation")),
-    ("loss", lambda k: True),
+# --------------------------------------------------------------------------- plot
+
+#: The learner's metrics, by chart: (file, chart title, panels); a panel is (title, y label, series),
+#: a series (metrics.jsonl key, legend label). A key no panel names goes to other.png, one panel each.
+_LOSS_PANELS = (
+    ("total loss", "loss", (("loss_total", "training"), ("val_total", "validation"))),
+    ("policy loss (cross-entropy)", "loss", (("loss_policy", "training"), ("val_policy_ce", "validation"))),
+    ("value loss (WDL cross-entropy)", "loss", (("loss_value", "training"), ("val_value_ce", "validation"))),
+    ("moves-left loss (Huber, 20 plies a unit)", "loss",
+     (("loss_moves_left", "training"), ("val_moves_left", "validation"))),
 )
+_CHARTS = (
+    ("loss", "losses, training and validation", _LOSS_PANELS),
+    ("validation", "validation", (("policy top-1 agreement", "share of positions",
+                                   (("val_policy_top1", "validation"),)),)),
+    ("learning_rate", "learning rate", (("learning rate", "lr", (("lr", "lr"), ("learning_rate", "lr"))),)),
+    ("grad_norm", "gradient norm", (("gradient norm (before clipping)", "L2 norm", (("grad_norm", "grad norm"),)),)),
+    ("throughput", "throughput, window and generation", (
+        ("training rate (waits for games left out)", "samples/s", (("samples_per_s", "samples/s"),)),
+        ("sampling window", "positions", (("window", "window"),)),
+        ("generation exported", "generation", (("generation", "generation"),)),
+    )),
+)
+_SPANS_DECADES = 30.0  # a panel's values this far apart (all positive): log scale
 
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[str]:
-    """PNG charts of ``metrics.jsonl`` over training steps (losses, learning rate, validation,
-    throughput), of ``gating.jsonl`` (``gating.png``: Elo against the best per generation) and of
-    ``evaluation.jsonl`` (``elo.png``: Elo against generation 0 and a random mover per generation);
-    returns the files written (atomically) to ``out_dir`` (default RUN/plots)."""
+    """PNG charts of a run, written atomically to ``out_dir`` (default RUN/plots); returns the files.
+
+    From ``metrics.jsonl`` over learner steps: ``loss.png`` (one panel per loss head, training and
+    validation), ``validation.png`` (policy top-1), ``learning_rate.png``, ``grad_norm.png``,
+    ``throughput.png`` (samples/s, the window, the generation: a panel each) and ``other.png`` for
+    any other metric. From the replay manifest over time: ``data.png`` (positions stored, games
+    per hour), from the first chunk on. From ``gating.jsonl``: ``gating.png``; from
+    ``evaluation.jsonl``: ``elo.png``. Every point is drawn with a marker, so the first log line
+    already shows; a panel whose values span decades has a log scale. ValueError: not a run
+    directory, or nothing to draw yet."""
+    run_dir = check_run_dir(run_dir)
+    out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(run_dir, "plots")
+    rows = [r for r in _lines(os.path.join(run_dir, METRICS_FILE)) if _num(r.get("step")) is not None]
+    chunks = read_manifest(run_dir)
+    gates = [g for g in (_gate(r) for r in _lines(os.path.join(run_dir, GATING_FILE)))
+             if g["generation"] is not None and g["elo"] is not None]
+    evaluations = read_evaluations(run_dir)
+    if not rows and not chunks and not gates and not evaluations:
+        raise ValueError(f"{run_dir} has nothing to plot yet: no line in {METRICS_FILE} (the learner writes one "
+                         f"every log.interval steps), no data in the replay store, no gating or evaluation result")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = os.fspath(run_dir)
-    out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(run_dir, "plots")
-    rows = [r for r in _log(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("step"), (int, float))]
-    gates = [g for g in (_gate(r) for r in _log(os.path.join(run_dir, GATING_FILE)))
-             if g["generation"] is not None and g["elo"] is not None]
-    evaluations = read_evaluations(run_dir)
-    if not rows and not gates and not evaluations:
-        raise ValueError(f"{os.path.join(run_dir, METRICS_FILE)} has no metrics yet: nothing to plot")
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         for key, value in _numeric_items(row, ("step", "time")):
             if math.isfinite(value):
                 series.setdefault(key, []).append((row["step"], value))
-    groups: dict[str, list[str]] = {}
-    for key in series:
-        group = next(name for name, test in _CHART_GROUPS if test(key))
-        groups.setdefault(group, []).append(key)
     os.makedirs(out_dir, exist_ok=True)
     title = os.path.basename(os.path.abspath(run_dir))
-    written = []
+    written: list[str] = []
 
     def save(fig, name: str) -> None:
         path = os.path.join(out_dir, f"{name}.png")
         with atomic_open(path, "wb") as f:
-            fig.savefig(f, format="png")
+            fig.savefig(f, format="png", metadata={"Title": f"{title}: {name}", "Description": _describe(fig)})
         plt.close(fig)
         written.append(path)
 
-    for group, keys in groups.items():
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-        for key in sorted(keys):
-            steps, values = zip(*series[key])
-            ax.plot(steps, values, label=key, linewidth=1.2)
-        ax.set_xlabel("step")
-        ax.set_title(f"{title}: {group.replace('_', ' ')}")
-        if group == "learning_rate":
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        save(fig, group)
+    used: set[str] = set()
+    for name, heading, panels in _CHARTS:
+        chosen = []
+        for panel_title, ylabel, keys in panels:
+            lines = [(key, label, series[key]) for key, label in keys if key in series]
+            used.update(key for key, _ in keys)
+            if lines:
+                chosen.append((panel_title, ylabel, lines))
+        if chosen:
+            save(_panels(plt, f"{title}: {heading}", chosen, "learner step"), name)
+    others = [(key.replace("_", " "), key, [(key, key, series[key])]) for key in sorted(series) if key not in used]
+    if others:
+        save(_panels(plt, f"{title}: other metrics", others, "learner step"), "other")
+    if chunks:
+        save(_data_chart(plt, chunks, title), "data")
     if gates:
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         for accepted, style in ((True, dict(fmt="o", color="tab:green", label="accepted (published)")),
                                 (False, dict(fmt="x", color="tab:red", label="rejected"))):
-            chosen = [g for g in gates if g["accepted"] is accepted]
-            if chosen:
-                ax.errorbar([g["generation"] for g in chosen], [g["elo"] for g in chosen],
-                            yerr=[g["elo_error"] or 0.0 for g in chosen], capsize=3, linestyle="none", **style)
+            chosen_gates = [g for g in gates if g["accepted"] is accepted]
+            if chosen_gates:
+                ax.errorbar([g["generation"] for g in chosen_gates], [g["elo"] for g in chosen_gates],
+                            yerr=[g["elo_error"] or 0.0 for g in chosen_gates], capsize=3, linestyle="none",
+                            **style)
+        _integer_x(ax)
         _elo_axes(fig, ax, "Elo against the best (± error)", f"{title}: gating")
         save(fig, "gating")
     if evaluations:
         save(_elo_chart(plt, evaluations, title), "elo")
     return written
+
+
+def _describe(fig) -> str:
+    """The chart in words, for the PNG's Description (an image viewer shows it; so do the tests):
+    one line per panel, its title, scale and the series drawn (their metrics.jsonl keys)."""
+    lines = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        series = [str(line.get_gid() or line.get_label()) for line in ax.get_lines()
+                  if not str(line.get_label()).startswith("_")]
+        lines.append(f"{ax.get_title() or ax.get_ylabel()} ({ax.get_yscale()} scale): {', '.join(series)}")
+    return "\n".join(lines)
+
+
+def _integer_x(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def _style_y(ax, values: Sequence[float], *, integer: bool = False, log: bool | None = None) -> None:
+    """Log scale when the values (all positive) span decades (``log`` forces either); plain
+    numbers everywhere, with thousands separators and as many decimals as the ticks' spacing needs
+    (no offset or 1e6 factor a reader must apply)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    positive = [v for v in values if v > 0]
+    if log is None:
+        log = bool(values) and len(positive) == len(values) and max(positive) / min(positive) >= _SPANS_DECADES
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        return
+    if integer:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+    if integer and values and max(values) - min(values) < 2:
+        ax.set_ylim(min(values) - 0.5, max(values) + 0.5)  # a flat count still gets whole-number ticks
+
+    def plain(v, _):
+        locs = sorted(set(ax.yaxis.get_majorticklocs()))
+        steps = [b - a for a, b in zip(locs, locs[1:]) if b > a]
+        step = min(steps) if steps else abs(v)
+        digits = next((d for d in range(9) if abs(round(step, d) - step) <= step * 1e-6), 9) if step > 0 else 0
+        return f"{v:,.{digits}f}"
+
+    ax.yaxis.set_major_formatter(FuncFormatter(plain))
+
+
+def _panels(plt, heading: str, panels: list, xlabel: str):
+    """One figure, one panel per quantity (stacked, or two columns from four panels), sharing x;
+    each series drawn with markers so that a single point shows."""
+    n = len(panels)
+    cols = 2 if n >= 4 else 1
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(8 if cols == 1 else 11, 1.2 + 2.6 * rows), dpi=100,
+                             sharex=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (panel_title, ylabel, lines) in zip(flat, panels):
+        values: list[float] = []
+        for key, label, points in lines:
+            xs, ys = zip(*points)
+            style = "steps-post" if ylabel == "generation" else "default"
+            ax.plot(xs, ys, marker="o", markersize=3.5 if len(points) < 200 else 1.5, linewidth=1.2,
+                    drawstyle=style, label=label, gid=key)
+            values += ys
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        _style_y(ax, values, integer=ylabel == "generation")
+        steps = [x for _, _, points in lines for x, _ in points]
+        if max(steps) - min(steps) < 4:  # a few steps only: whole steps on the axis around them
+            ax.set_xlim(min(steps) - 1, max(steps) + 1)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=8)
+        _integer_x(ax)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    for ax in flat[max(0, n - cols):n]:
+        ax.set_xlabel(xlabel)
+        ax.tick_params(labelbottom=True)
+    fig.suptitle(heading)
+    fig.tight_layout()
+    return fig
+
+
+def _data_chart(plt, chunks: list[Chunk], title: str):
+    """The replay store over time: positions stored (by source) and self-play games per hour."""
+    start = min(c.time for c in chunks)
+    span = max(c.time for c in chunks) - start
+    unit, size = (("hours", 3600.0) if span >= 3 * 3600 else ("minutes", 60.0) if span >= 180
+                  else ("seconds", 1.0))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), dpi=100, sharex=True)
+    ordered = sorted(chunks, key=lambda c: c.time)
+    values: list[float] = []
+    for source in sorted({c.source for c in ordered}):
+        xs, ys, total = [], [], 0
+        for c in ordered:
+            if c.source == source:
+                total += c.positions
+                xs.append((c.time - start) / size)
+                ys.append(total)
+        top.plot(xs, ys, marker="o", markersize=3 if len(xs) < 200 else 1, linewidth=1.2, label=source,
+                 gid=f"positions:{source}")
+        values += ys
+    top.set_title("positions in the replay store", fontsize=10)
+    top.set_ylabel("positions")
+    _style_y(top, values, log=False)  # a running total: its growth reads best on a linear scale
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    games = [c for c in ordered if c.source == "selfplay"]
+    if games:
+        width = max(span / 40, 60.0)  # ~40 bins, none shorter than a minute
+        bins: dict[int, int] = {}
+        for c in games:
+            bins[int((c.time - start) // width)] = bins.get(int((c.time - start) // width), 0) + c.games
+        first, last = min(bins), max(bins)
+        end = max(c.time for c in games) - start
+        spans = {k: (k * width, width) for k in range(first, last + 1)}
+        # the last bin lasts only up to the newest game, so its rate is over that part; one shorter
+        # than half a bin joins the bin before (a few seconds' count would be noise)
+        spans[last] = (last * width, max(end - last * width, 1.0))
+        if last > first and spans[last][1] < width / 2:
+            bins[last - 1] = bins.get(last - 1, 0) + bins.pop(last)
+            spans[last - 1] = ((last - 1) * width, width + spans.pop(last)[1])
+        centres = [(begin + seconds / 2) / size for begin, seconds in spans.values()]
+        rates = [bins.get(k, 0) * 3600.0 / seconds for k, (_, seconds) in spans.items()]
+        bottom.plot(centres, rates, marker="o", markersize=3, linewidth=1.2, color="tab:green",
+                    label="selfplay games/h", gid="selfplay_games_per_hour")
+        bottom.set_title(f"self-play games per hour (in {_duration(width)} bins)", fontsize=10)
+        _style_y(bottom, rates, log=False)
+        bottom.set_ylim(bottom=0)
+    else:
+        bottom.text(0.5, 0.5, "no self-play games yet", ha="center", va="center", transform=bottom.transAxes)
+        bottom.set_title("self-play games per hour", fontsize=10)
+    bottom.set_ylabel("games/h")
+    bottom.set_xlabel(f"{unit} since the first chunk")
+    bottom.grid(alpha=0.3)
+    fig.suptitle(f"{title}: data")
+    fig.tight_layout()
+    return fig
 
 
 def _elo_chart(plt, evaluations: list[dict], title: str):
@@ -437,6 +1019,7 @@ def _elo_chart(plt, evaluations: list[dict], title: str):
                     ax.plot([r["generation"]], [bound], marker="^" if up else "v", color=colours[opponent],
                             linestyle="none", label=None if labelled else label)
                     labelled = True
+    _integer_x(ax)
     _elo_axes(fig, ax, "Elo (± 95%; triangle: all won or lost, a bound)",
               f"{title}: Elo against generation 0 and a random mover")
     return fig
@@ -453,4 +1036,5 @@ def _elo_axes(fig, ax, ylabel: str, title: str) -> None:
     fig.tight_layout()
 
 
-__all__ = ["run_status", "format_status", "plot_run"]
+__all__ = ["run_status", "format_status", "plot_run", "check_run_dir", "read_manifest", "process_runs",
+           "describe_share", "RUN_MARKERS"]
