@@ -1,14 +1,16 @@
 # cyzero: set up, build, run, test.
 #
-#   make engine   set up .venv, build the Cython core, start the UCI engine
-#   make test     same set-up, then the whole test suite, in parallel
-#                 (TESTS=tests/test_x.py picks files, ARGS='-k name -rs' adds pytest options)
-#   make bench    same set-up, then `cyzero bench perft`
-#   make gpu-check  same set-up, then, on a machine with a CUDA GPU, the `gpu` tests and the GPU
+#   make engine   set up .venv with what the engine needs (numpy, python-chess, pyzmq, msgpack,
+#                 ONNX Runtime; no torch), build the Cython core, start the UCI engine
+#   make test     the engine's set-up, plus torch (TORCH) and the train and dev extras, then the
+#                 whole test suite, in parallel, with the reasons of skipped tests listed (-rs)
+#                 (TESTS=tests/test_x.py picks files, ARGS='-k name' adds pytest options)
+#   make bench    the engine's set-up, then `cyzero bench perft`
+#   make gpu-check  the set-up of `make test`, then, on a machine with a CUDA GPU, the `gpu` tests and the GPU
 #                 benchmarks (nn, search, selfplay, train) with one summary table at the end; each
 #                 bench's JSON goes to GPUCHECK_OUT (default a new temp folder). Without a usable
 #                 GPU it stops at once and says why (docs/gpu.md)
-#   make train    same set-up, then a training run on this machine: `cyzero-train run $(RUN)`,
+#   make train    the set-up of `make test`, then a training run on this machine: `cyzero-train run $(RUN)`,
 #                 started with the bundled CPU config (--config cpu) and resumed with the run's
 #                 own RUN/config.toml, so edits to it are kept (RUN=runs/x picks the run
 #                 directory, default runs/cpu; ARGS='--devices cuda:0' adds options)
@@ -18,7 +20,11 @@
 # From another folder use `make -s -C /path/to/cyzero engine`: -s keeps make's
 # "Entering directory" lines off stdout.
 #
-# TORCH is installed on its own, before the project, so that no dependency
+# One venv for all: `make engine` installs the project with its own dependencies
+# only; `make test`, `make train` and `make gpu-check` add torch and the train
+# and dev extras to the same venv when they first need them.
+#
+# TORCH is installed on its own, before the extras, so that no dependency
 # pulls an unpinned (multi-GB CUDA) torch. It is a pip requirement followed by
 # pip options if you like, e.g. a CPU-only build:
 #   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' test
@@ -32,6 +38,9 @@ ARGS ?=
 
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
+# The engine's dependencies and the project (editable) are installed.
+ENGINE_STAMP := $(VENV)/.cyzero-engine
+# ... and torch (TORCH) with the train and dev extras.
 STAMP := $(VENV)/.cyzero-installed
 TORCH_SPEC := $(VENV)/.cyzero-torch
 # The Cython core was built from these sources: the engine starts without running setup.py again.
@@ -55,11 +64,9 @@ $(TORCH_SPEC): FORCE
 # (requirement, then pip options); each word is still passed to pip as one argument.
 export CYZERO_TORCH := $(TORCH)
 
-$(STAMP): setup.py pyproject.toml $(TORCH_SPEC)
-	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
-	@$(PIP) install --upgrade pip >&2
-	@set -f; $(PIP) install $$CYZERO_TORCH >&2
-	@# onnxruntime and onnxruntime-gpu are one import package: never keep both.
+# onnxruntime and onnxruntime-gpu are one import package: never keep both. (A plain onnxruntime
+# pulled in by something else is removed, and onnxruntime-gpu reinstalled over the files it shared.)
+define ONE_ONNXRUNTIME
 	@if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && $(PIP) show -q onnxruntime >/dev/null 2>&1; then \
 		echo "removing plain onnxruntime: onnxruntime-gpu replaces it on Linux x86_64" >&2; \
 		$(PIP) uninstall -y onnxruntime >&2; \
@@ -67,30 +74,51 @@ $(STAMP): setup.py pyproject.toml $(TORCH_SPEC)
 			$(PIP) install --force-reinstall --no-deps onnxruntime-gpu >&2; \
 		fi; \
 	fi
-	@# The build needs Cython and numpy in the venv itself: `make build` compiles in place.
+endef
+
+# The engine: Cython and numpy first (the build needs them in the venv itself: `make build`
+# compiles in place), then the project with its own dependencies, compiled once, in place, with
+# -j 2 (a pip install -e would compile it again, one module after another, for a minute more).
+$(ENGINE_STAMP): setup.py pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
+	@$(PIP) install -q --upgrade pip >&2
+	$(ONE_ONNXRUNTIME)
 	@$(PIP) install 'cython>=3.0' numpy setuptools wheel >&2
+	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@$(PIP) install --no-build-isolation -e . >&2
+	@touch $@ && touch $(BUILT)
+
+# The rest, for tests and training: the pinned torch first, then the extras.
+$(STAMP): $(ENGINE_STAMP) $(TORCH_SPEC)
+	@set -f; $(PIP) install $$CYZERO_TORCH >&2
 	@$(PIP) install --no-build-isolation -e '.[train,dev]' >&2
+	$(ONE_ONNXRUNTIME)
 	@touch $@
 
 # Only when a .pyx, a .pxd or setup.py changed since the last build (or the venv is new).
-$(BUILT): $(STAMP) $(CORE_SOURCES)
+$(BUILT): $(ENGINE_STAMP) $(CORE_SOURCES)
 	@$(VPY) setup.py build_ext --inplace -j 2 >&2
 	@touch $@
 
 # Always runs: Cython and the compiler only redo what changed.
-build: $(STAMP)
+build: $(ENGINE_STAMP)
 	@$(VPY) setup.py build_ext --inplace -j 2 >&2
 	@touch $(BUILT)
 
 engine: $(BUILT)
 	@exec $(VENV)/bin/cyzero $(ARGS)
 
-train: $(BUILT)
+# The run is make's child: Ctrl-C in its terminal reaches both and stops it cleanly. From elsewhere
+# (`make train &`): `kill -TERM <make's pid>` (make passes SIGTERM on to the run, but not SIGINT:
+# `kill -INT <make's pid>` leaves the run training), or `kill -INT <pid>` with the daemon's pid from
+# `cyzero-train status $(RUN)` (RUN/daemon.json).
+train: $(STAMP) $(BUILT)
 	@exec $(VENV)/bin/cyzero-train run $(RUN) $(if $(wildcard $(RUN)/config.toml),,--config cpu) $(ARGS)
 
-# pytest-xdist: one worker per core. ARGS adds pytest options, TESTS picks files.
-test: $(BUILT)
-	$(VPY) -m pytest -q -n auto $(TESTS) $(ARGS)
+# pytest-xdist: one worker per core; -rs lists every skipped test with its reason. ARGS adds
+# pytest options, TESTS picks files.
+test: $(STAMP) $(BUILT)
+	$(VPY) -m pytest -q -n auto -rs $(TESTS) $(ARGS)
 
 bench: $(BUILT)
 	@$(VENV)/bin/cyzero bench perft $(ARGS)
@@ -103,7 +131,7 @@ GPUCHECK_OUT ?=
 GPU_NN_BATCHES ?= 1,2,4,8,16,32,64,128,256,512,1024,2048
 export GPUCHECK_OUT
 
-gpu-check: $(BUILT)
+gpu-check: $(STAMP) $(BUILT)
 	@$(VPY) -m trainer.gpucheck --preflight || exit 2; \
 	out="$${GPUCHECK_OUT:-$$(mktemp -d "$${TMPDIR:-/tmp}/cyzero-gpucheck.XXXXXX")}"; \
 	mkdir -p "$$out" || exit 2; \

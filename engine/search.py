@@ -53,6 +53,9 @@ FIRST_TIMED_BATCH = 16
 # best-first search: at 10+0.1, 8 beat 256 by 36-2-2 and 16 by 49-34-17 (README, "Search
 # parameters", has the matches).
 CPU_MINIBATCH = 8
+# stop: how long the best move waits for the tree lock (held by the search thread while it
+# gathers or backs up a batch, about 0.1 ms) before it is taken from the last info report instead.
+STOP_TREE_WAIT_S = 0.0003
 # Time extension: another move is "better by value" when its Q beats the most visited
 # move's and it has at least this share of its visits (a Q of a few visits is noise) ...
 EXTENSION_MIN_VISIT_SHARE = 0.1
@@ -882,6 +885,18 @@ class Searcher:
     def searching(self) -> bool:
         return not self._done
 
+    @property
+    def bounded(self) -> bool:
+        """The search in progress ends by itself: it has a nodes, depth or time limit (a clock, a
+        movetime, or a ponder search after its ponderhit), and is neither ``go infinite`` nor a
+        ``go ponder`` still waiting for its ponderhit."""
+        move = self._move
+        if self._done or move is None:
+            return False
+        budget = move.budget
+        return not budget.until_stop and (budget.hard_ms is not None or budget.nodes is not None
+                                          or budget.depth is not None)
+
     def start(self, board: Board, go: GoParams, on_info: Callable[[Info], None],
               on_bestmove: Callable[[SearchResult], None], start_time: Optional[float] = None) -> None:
         """Begin searching ``board`` under ``go``; returns at once.
@@ -1092,10 +1107,11 @@ class Searcher:
             if self._watchdog is not None:
                 self._watchdog.cancel()
                 self._watchdog = None
-            # The search thread holds the tree lock while it gathers or backs up a batch (a few
-            # ms, up to ~15 ms on a slow CPU as the tree grows): rather than wait, report the
-            # best move of the last info line (the final info is then that line).
-            if self._tree_lock.acquire(timeout=0.001):
+            # The search thread holds the tree lock while it gathers or backs up a batch (about
+            # 0.1 ms, a few ms on a slow CPU as the tree grows, more when it is descheduled):
+            # rather than wait longer than that, report the best move of the last info line (the
+            # final info is then that line).
+            if self._tree_lock.acquire(timeout=STOP_TREE_WAIT_S):
                 try:
                     result = self._result()
                 finally:
@@ -1124,12 +1140,14 @@ class Searcher:
         if self._positioned != self._generation or move is None:
             # Stopped before the search thread set up the tree (e.g. an empty clock's watchdog):
             # the tree still holds the previous position.
-            return self._unsearched(allowed[0])
+            return self._unsearched(allowed, cache=True)
         has_info = bool(self.tree.playouts or self.tree.nodes)
         best = move.choose()
         if best is None:
-            best = allowed[0]
-            self._say_unsearched(best)
+            unsearched = self._unsearched(allowed, cache=True)
+            best = unsearched.best
+            if best is None:
+                return unsearched    # the network could not be had: why, and no move
             info = self.info(first=best) if has_info else None
             if info is not None and info.lines and info.lines[0].move != best:
                 info.lines = []      # the final info's pv must start with the move played
@@ -1137,18 +1155,40 @@ class Searcher:
         # The final info's first line is the move played (it differs from the most visited
         # move when Temperature > 0), so that its pv[0] is the bestmove.
         info = self.info(first=best) if has_info else None
-        pv = self.tree.pv(best)
+        # The pv once: the final info's first line has it (a tree's pv costs ~10 us a ply, and
+        # stop waits for it).
+        pv = info.lines[0].pv if info is not None and info.lines and info.lines[0].move == best \
+            else self.tree.pv(best)
         q, d = self.tree.root_q
         return SearchResult(best, pv[1] if len(pv) > 1 else None, info, visits=self.tree.visit_distribution(),
                             q=q, d=d, nodes=self.tree.nodes)
 
-    def _say_unsearched(self, move: str) -> None:
+    def _unsearched(self, allowed: list[str], cache: bool = False) -> SearchResult:
         """Stopped before anything was searched (an empty clock, quit right after go): a clock
-        needs a move, so one is played, but never silently."""
-        self.log(f"warning: stopped before the search began; {move} is not searched")
+        needs a move, so the network's best policy move among ``allowed`` is played (one
+        evaluation of the root, or its evaluation in the NN cache), but never silently. Without
+        a network to ask: why, and no move (never the first legal move).
 
-    def _unsearched(self, move: str) -> SearchResult:
-        self._say_unsearched(move)
+        ``cache``: the caller holds the tree lock, so the NN cache may be read.
+        """
+        board = self._board
+        try:
+            priors = None
+            cached = self.cache.lookup(board) if cache else None
+            if cached is not None:
+                priors = cached[3]
+            else:
+                from engine.encoding import encode_board, legal_policy
+
+                policy = self._network().evaluate(encode_board(board)[None])[0]
+                moves, probabilities = legal_policy(board, policy[0])
+                priors = dict(zip(moves, probabilities.tolist()))
+            move = max(allowed, key=lambda m: priors.get(m, -1.0))
+        except Exception as exc:
+            return SearchResult(None, None, None, error=f"no move was searched and the network cannot "
+                                                        f"choose one: {_reason(exc)}")
+        self.log(f"warning: stopped before the search began; {move}, the network's policy choice, "
+                 "is not searched")
         return SearchResult(move, None, None)
 
     def _snapshot_result(self) -> SearchResult:
@@ -1163,7 +1203,7 @@ class Searcher:
         snapshot = self._snapshot
         if snapshot is not None and snapshot[0] in allowed:
             return SearchResult(snapshot[0], snapshot[1], None)
-        return self._unsearched(allowed[0])
+        return self._unsearched(allowed)
 
     def _error(self, move: Optional[MoveSearch]) -> Optional[str]:
         """Why this search could not run, if it could not."""

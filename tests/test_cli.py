@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,51 @@ def test_make_engine_prints_only_uci_and_starts_again_without_building(tmp_path)
     plain = _run_make_engine(["make", "engine"], REPO)
     assert plain.returncode == 0, plain.stderr[-3000:]
     _assert_only_uci(plain.stdout)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_engine_installs_the_engine_alone_and_make_test_the_rest(tmp_path):
+    """`make engine` installed the whole trainer (torch, tensorboard, mypy: a 1.6 GB venv) to run an
+    engine that never imports torch. What each target would install into a new venv (make -n):"""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "TESTS", "VENV", "TORCH")}
+
+    def plan(target: str) -> str:
+        done = subprocess.run(["make", "-n", "-C", REPO, f"VENV={tmp_path / 'venv'}", target],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    engine = plan("engine")
+    assert "pip install" in engine and " -e ." in engine, engine
+    assert "torch" not in engine.lower() and "[train" not in engine and "dev]" not in engine, engine
+    for target in ("test", "train"):
+        full = plan(target)
+        assert "CYZERO_TORCH" in full and "-e '.[train,dev]'" in full, full
+        pythons = set(re.findall(r"(\S+) -m pip", full))
+        assert pythons == {f"{tmp_path / 'venv'}/bin/python"}, full      # one venv for all
+
+
+@needs_venv
+@pytest.mark.timeout(300)
+def test_make_test_lists_the_reasons_of_skipped_tests(tmp_path):
+    """The README says `make test` lists why tests were skipped; it printed only "1 skipped"."""
+    (tmp_path / "test_skips.py").write_text(textwrap.dedent("""
+        import pytest
+
+        def test_needs_a_frobnicator():
+            pytest.skip("no frobnicator on this machine")
+        """))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "TESTS", "VENV", "TORCH")}
+    # -o: the venv and the build are taken as they are (this suite runs in them); only the test
+    # recipe runs, on a file of its own.
+    up_to_date = [arg for stamp in (".cyzero-engine", ".cyzero-installed", ".cyzero-built")
+                  for arg in ("-o", os.path.join(".venv", stamp))]
+    done = subprocess.run(["make", "-s", "-C", REPO, *up_to_date, "test", f"TESTS={tmp_path / 'test_skips.py'}"],
+                          capture_output=True, text=True, env=env, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "SKIPPED [1]" in done.stdout and "no frobnicator on this machine" in done.stdout, done.stdout[-3000:]
 
 
 # --------------------------------------------------------------------------- cyzero perft

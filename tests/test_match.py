@@ -523,6 +523,44 @@ def test_cli_prints_a_readable_table(fake, capsys):
     assert "Elo difference" in out and "LOS" in out and "time forfeits" in out
 
 
+def test_a_2_0_match_says_its_sample_is_too_small_instead_of_printing_infinite_bounds(fake, capsys):
+    """A 2-0 match printed ``95% interval [+inf, +inf]``: a zero-width interval at infinity."""
+    argv = ["match", "--engine1", fake("random"), "--engine2", fake("illegal"), "--games", "2",
+            "--tc", "2+0.01", "--adjudicate-moves", "30"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Elo difference (fake-random - fake-illegal): +inf, 95% interval: sample too small " \
+           "(2 games that all scored the same); LOS 92.1%" in out, out
+    assert "Elo from pairs +inf, 95% interval: sample too small (1 pair)" in out, out
+    assert "inf]" not in out and "[+inf" not in out and "[-inf" not in out, out
+    assert cli.main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["elo_ci95"] == [None, None] and data["pair_elo_ci95"] == [None, None]
+
+
+@pytest.mark.parametrize("wins,losses,draws,text", [
+    (2, 0, 0, "95% interval: sample too small (2 games that all scored the same)"),
+    (0, 0, 10, "95% interval: sample too small (10 games that all scored the same)"),   # not [+0.0, +0.0]
+    (3, 1, 0, "95% interval: sample too small (4 games)"),                  # the upper bound was +inf
+    (1, 0, 0, "95% interval: sample too small (1 game)"),
+    (2, 0, 2, "95% interval [+3.5, +919.5]"),
+    (7, 3, 20, "95% interval [-23.6, +120.8]"),
+])
+def test_the_summary_prints_an_interval_only_where_it_means_something(wins, losses, draws, text):
+    def game(index, score):
+        result = {1.0: "1-0", 0.5: "1/2-1/2", 0.0: "0-1"}[score]
+        return m.GameRecord(index=index, opening=None, engine1_white=True, white="a", black="b",
+                            result=result, termination="normal", reason="")
+
+    scores = [1.0] * wins + [0.0] * losses + [0.5] * draws
+    result = m.MatchResult(config=_config("a", "b", games=len(scores)), names=("a", "b"),
+                           games=[game(i, x) for i, x in enumerate(scores)], stats=(m.EngineStats(), m.EngineStats()),
+                           options=({}, {}), seconds=1.0, seed=7, abandoned=0, notes=[])
+    line = next(line for line in m.format_summary(result).splitlines() if line.startswith("Elo difference"))
+    assert text in line, line
+    assert "inf]" not in line
+
+
 def test_an_engine_that_never_answers_uci_stops_the_match_with_a_clear_error(fake, capsys):
     # `cat` echoes `uci` back and never says `uciok`.
     argv = ["match", "--engine1", fake("random"), "--engine2", "cat", "--games", "2", "--handshake-timeout", "0.5"]

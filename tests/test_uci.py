@@ -696,14 +696,13 @@ def test_lichess_bot_default_options_are_accepted(tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 
+# Lines that change nothing. (An illegal move in a position command, and a malformed go, do change
+# something: see test_an_illegal_move_in_position_... and test_a_malformed_go_....)
 BAD_LINES = [
     "foo", "gooo nodes 5", "positionstartpos", "position", "position foo", "position fen",
     "position fen 8/8/8 w - - 0 1", "position fen rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR x KQkq - 0 1",
     "position fen rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 extra",
-    "position fen 8/8/8/8/8/8/8/8 w - - 0 1", "position startpos moves e2e5",
-    "position startpos moves e2e4 e2e4", "position startpos moves e2e4 e7e5 0000",
-    "position startpos moves e2e4 e7e5 e1g1", "position startpos moves e7e5", "position startpos junk",
-    "go wtime abc", "go nodes", "go foo", "go nodes -5", "go depth 1.5x", "go movetime",
+    "position fen 8/8/8/8/8/8/8/8 w - - 0 1", "position startpos junk",
     "setoption name Threads value abc", "setoption name Threads value 0", "setoption name Nope value 1",
     "setoption", "setoption value 3", "setoption name MultiPV value 9999", "setoption name MultiPV value 0",
     "setoption name UCI_ShowWDL value maybe", "setoption name Backend value quantum",
@@ -728,6 +727,179 @@ def test_bad_input_gets_one_error_line_and_changes_nothing(eng):
     legal_bestmove(board, best)
     assert {i.get("multipv") for i in infos(lines) if "pv" in i} == {1, 2}
     eng.send("setoption name MultiPV value 1")
+
+
+@pytest.mark.parametrize("moves,played,dropped", [
+    ("e2e5", [], "e2e5"),
+    ("e7e5", [], "e7e5"),
+    ("e2e4 e2e4", ["e2e4"], "e2e4"),
+    ("e2e4 e7e5 0000", ["e2e4", "e7e5"], "0000"),
+    ("e2e4 e7e5 e1g1 g1f3", ["e2e4", "e7e5"], "e1g1 and the 1 move after it"),
+    ("e2e4 e7e5 e1e3 g1f3 b8c6", ["e2e4", "e7e5"], "e1e3 and the 2 moves after it"),
+])
+def test_an_illegal_move_in_position_plays_the_moves_before_it_and_says_what_was_dropped(
+        eng, moves, played, dropped):
+    """As Stockfish does: the position is the one before the illegal move, so that the next go
+    answers for the side to move there (the position used to stay unchanged: the other side)."""
+    eng.position(chess.Board("rnbqkbnr/pppppppp/8/8/8/5N2/PPPPPPPP/RNBQKB1R b KQkq - 1 1"))
+    eng.send(f"position startpos moves {moves}")
+    got = eng.isready()
+    ply = len(played) + 1
+    bad = moves.split()[len(played)]
+    assert got == [f"info string error: illegal move {bad!r} at ply {ply} in position command; "
+                   f"the position is the one before it (dropped {dropped})"], got
+    board = chess.Board()
+    for move in played:
+        board.push_uci(move)
+    assert fen_of(eng) == board.fen()
+    _, best = eng.go("nodes 5")
+    legal_bestmove(board, best)
+    # A GUI that goes on sending the game: the legal moves are kept, the illegal one said again.
+    eng.send(f"position startpos moves {moves}")
+    assert eng.isready()[0].startswith(f"info string error: illegal move {bad!r} at ply {ply}")
+    assert fen_of(eng) == board.fen()
+
+
+@pytest.mark.parametrize("args,errors,searched", [
+    ("nodes -5", ["go nodes must not be negative, got -5"], "go movetime 1000"),
+    ("movetime abc", ["go movetime needs a whole number, got 'abc'"], "go movetime 1000"),
+    ("movetime", ["go movetime needs a number"], "go movetime 1000"),
+    ("foo", ["unknown go argument 'foo'"], "go movetime 1000"),
+    ("nodes 30 depth 1.5x", ["go depth needs a whole number, got '1.5x'"], "go nodes 30"),
+    ("wtime abc btime 6000 nodes", ["go wtime needs a whole number, got 'abc'", "go nodes needs a number"],
+     "go btime 6000"),
+    ("movetime inf nodes -1 depth 2", ["go movetime needs a whole number, got 'inf'",
+                                       "go nodes must not be negative, got -1"], "go depth 2"),
+])
+def test_a_malformed_go_says_what_is_wrong_then_searches_what_is_valid_and_answers(eng, args, errors, searched):
+    """Every go gets its bestmove: a GUI that sent a bad go waits for one. The malformed parts are
+    named and left out; the rest is searched, or, when no limit is left, a second."""
+    board = chess.Board()
+    board.push_uci("d2d4")
+    eng.position(board)
+    lines, best = eng.go(args, DEADLINE_S)
+    said = info_strings(lines)
+    expected = [f"info string error: {text} (ignored)" for text in errors]
+    expected[-1] += f"; searching {searched!r}"
+    assert said[:len(expected)] == expected, lines
+    assert not [text for text in said[len(expected):] if "error" in text], lines
+    legal_bestmove(board, best)
+    assert infos(lines), lines           # it searched
+
+
+def test_every_go_gets_one_bestmove_even_when_all_of_it_is_malformed(eng):
+    eng.send("position startpos")
+    for args in ("nodes -5", "movetime abc", "depth"):
+        eng.send(f"go {args}")
+    lines = eng.until("bestmove", DEADLINE_S)   # each go stops the one before: three bestmoves in all
+    lines += eng.until("bestmove", DEADLINE_S) + eng.until("bestmove", DEADLINE_S)
+    assert len([line for line in lines if line.startswith("bestmove")]) == 3, lines
+    assert len([line for line in lines if line.startswith("info string error")]) == 3, lines
+    assert not [line for line in quiet(eng) if line.startswith("bestmove")]
+
+
+def _pipe(script: str) -> list[str]:
+    """``printf SCRIPT | cyzero``: every line it printed before it exited (at end of input)."""
+    from test_uci_harness import engine_command
+
+    done = subprocess.run(engine_command(), input=script, capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("go,ready", [("nodes 300", True), ("depth 3", True), ("movetime 400", True),
+                                      ("wtime 10000 btime 10000", True), ("nodes 300", False), ("depth 3", False)])
+def test_end_of_input_after_a_bounded_go_finishes_that_search(go, ready):
+    """``printf 'uci\\nisready\\nposition startpos\\ngo nodes 800\\n' | cyzero``, how people try an
+    engine, used to answer an unsearched move at once. A go with a bound of its own runs to it.
+    (Without isready the network loads on the first go's time, so a short clock may still play an
+    unsearched move: only node and depth limits here.)"""
+    out = _pipe(("uci\nsetoption name Backend value cpu\nisready\n" if ready else "")
+                + f"position startpos\ngo {go}\n")
+    best = [line for line in out if line.startswith("bestmove")]
+    assert len(best) == 1 and out[-1] == best[0], out[-5:]
+    legal_bestmove(chess.Board(), best[0])
+    assert not [line for line in out if "not searched" in line or "error" in line], out
+    searched = [i for i in infos(out) if "pv" in i]
+    assert searched and searched[-1]["pv"][0] == best[0].split()[1], out[-5:]
+    if go.startswith("nodes"):
+        assert searched[-1]["nodes"] >= 300, out[-5:]
+    if go.startswith("depth"):
+        assert searched[-1]["depth"] >= 3, out[-5:]
+
+
+@pytest.mark.parametrize("go", ["infinite", "ponder wtime 3000 btime 3000", "nodes 100000000 infinite"])
+def test_end_of_input_stops_infinite_and_ponder_at_once(go):
+    out = _pipe(f"uci\nsetoption name Backend value cpu\nisready\nposition startpos\ngo {go}\n")
+    best = [line for line in out if line.startswith("bestmove")]
+    assert len(best) == 1 and out[-1] == best[0], out[-5:]
+    legal_bestmove(chess.Board(), best[0])
+
+
+class _GatedManager:
+    """A network manager with the bundled network that keeps it from the search thread until the
+    test is done: whatever stops the search comes before anything is searched."""
+
+    in_use = None
+    fallback = None
+
+    def __init__(self, network) -> None:
+        self.network = network
+        self.gate = threading.Event()
+
+    def get(self):
+        if threading.current_thread().name == "cyzero-search":
+            self.gate.wait(DEADLINE_S)
+        return self.network
+
+    def apply_pending(self, clear_cache=None) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.gate.set()
+
+
+@pytest.mark.parametrize("fen", [None, MIDDLEGAME])
+@pytest.mark.parametrize("how", ["go wtime 0 btime 0", "go infinite|stop", "go nodes 1000|quit",
+                                 "go movetime 5000|go nodes 1000"])
+def test_a_move_played_unsearched_is_the_networks_policy_choice(fen, how):
+    """A go stopped before anything was searched (an empty clock, a stop or quit at once, a new go)
+    plays the network's best policy move after one evaluation, and says it was not searched; never
+    the first legal move (b1a3 at the start position)."""
+    from engine.board import Board
+    from engine.encoding import encode_board, legal_policy
+    from engine.network import Network
+    from engine.weights import default_weights_path
+    from uci.session import Session
+
+    network = Network(os.path.join(os.path.dirname(default_weights_path()), "default.int8.onnx"), backend="cpu")
+    moves, probabilities = legal_policy(Board(fen) if fen else Board(),
+                                        network.evaluate(encode_board(Board(fen) if fen else Board())[None])[0][0])
+    expected = moves[int(probabilities.argmax())]
+    board = chess.Board(fen) if fen else chess.Board()
+    assert expected != next(iter(board.legal_moves)).uci()    # the test tells them apart
+    manager = _GatedManager(network)
+    out = _Lines()
+
+    def write(line: str) -> None:
+        out(line)
+        if line.startswith("bestmove"):
+            manager.gate.set()       # the search thread may have its network now
+
+    session = Session(write, network_manager_factory=lambda options, log: manager)
+    try:
+        session.handle(f"position fen {fen}" if fen else "position startpos")
+        for command in how.split("|"):
+            session.handle(command)
+        out.wait_bestmove()
+        first = out.lines[:[line.startswith("bestmove") for line in out.lines].index(True) + 1]
+        assert first == [f"info string warning: stopped before the search began; {expected}, the network's "
+                         "policy choice, is not searched", f"bestmove {expected}"], out.lines
+    finally:
+        session.quit()
+        network.close()
 
 
 def test_lines_with_carriage_returns_and_blank_lines(eng):

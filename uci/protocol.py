@@ -1,12 +1,15 @@
 """UCI text in and out: parsing ``position``/``go``/``setoption`` and writing ``info``/``bestmove``.
 
 Parsers raise ``ValueError`` with a message that says what was wrong; the
-session turns it into one ``info string error: ...`` line. Writers produce
+session turns it into one ``info string error: ...`` line. ``go`` is read
+leniently (:func:`read_go`): a malformed argument is named and left out, and the
+rest is searched, so that every ``go`` gets its ``bestmove``. Writers produce
 integers only, with ``pv`` last, so every client can parse them.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from engine.limits import GoParams
@@ -17,6 +20,8 @@ STARTPOS = "startpos"
 _GO_INT_FIELDS = ("wtime", "btime", "winc", "binc", "movestogo", "movetime", "nodes", "depth", "mate")
 _GO_FLAGS = ("infinite", "ponder")
 _GO_KEYWORDS = set(_GO_INT_FIELDS) | set(_GO_FLAGS) | {"searchmoves"}
+# A go whose every limit was malformed searches this long (ms): every go gets its bestmove.
+FALLBACK_MOVETIME_MS = 1000
 
 
 def parse_position(tokens: list[str]) -> tuple[Optional[str], list[str]]:
@@ -52,8 +57,18 @@ def parse_position(tokens: list[str]) -> tuple[Optional[str], list[str]]:
 
 
 def parse_go(tokens: list[str]) -> GoParams:
-    """``go ...`` (tokens after ``go``) -> GoParams; ValueError on a malformed argument."""
+    """``go ...`` (tokens after ``go``) -> GoParams; ValueError on the first malformed argument."""
+    go, problems = read_go(tokens)
+    if problems:
+        raise ValueError(problems[0])
+    return go
+
+
+def read_go(tokens: list[str]) -> tuple[GoParams, list[str]]:
+    """``go ...`` (tokens after ``go``) -> (GoParams, problems): every malformed argument is left out
+    and named in ``problems``; what is left is still a search (:func:`go_to_search`)."""
     go = GoParams()
+    problems: list[str] = []
     i = 0
     while i < len(tokens):
         word = tokens[i].lower()
@@ -61,27 +76,63 @@ def parse_go(tokens: list[str]) -> GoParams:
             setattr(go, word, True)
             i += 1
         elif word in _GO_INT_FIELDS:
-            if i + 1 >= len(tokens):
-                raise ValueError(f"go {word} needs a number")
-            try:
-                value = int(tokens[i + 1])
-            except ValueError:
-                try:
-                    value = int(float(tokens[i + 1]))
-                except ValueError:
-                    raise ValueError(f"go {word} needs a whole number, got {tokens[i + 1]!r}") from None
-            if word in ("nodes", "depth", "mate", "movestogo") and value < 0:
-                raise ValueError(f"go {word} must not be negative, got {value}")
-            setattr(go, word, value)
+            if i + 1 >= len(tokens) or tokens[i + 1].lower() in _GO_KEYWORDS:
+                problems.append(f"go {word} needs a number")
+                i += 1
+                continue
+            text = tokens[i + 1]
             i += 2
+            value = _whole_number(text)
+            if value is None:
+                problems.append(f"go {word} needs a whole number, got {text!r}")
+            elif word in ("nodes", "depth", "mate", "movestogo") and value < 0:
+                problems.append(f"go {word} must not be negative, got {value}")
+            else:
+                setattr(go, word, value)
         elif word == "searchmoves":
             i += 1
             while i < len(tokens) and tokens[i].lower() not in _GO_KEYWORDS:
                 go.searchmoves.append(tokens[i])
                 i += 1
         else:
-            raise ValueError(f"unknown go argument {tokens[i]!r}")
-    return go
+            problems.append(f"unknown go argument {tokens[i]!r}")
+            i += 1
+    return go, problems
+
+
+def _whole_number(text: str) -> Optional[int]:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return int(float(text))      # "12.7" -> 12; "nan" and "inf" are no number of ms or nodes
+    except (ValueError, OverflowError):
+        return None
+
+
+def go_to_search(go: GoParams) -> GoParams:
+    """The go to search after malformed arguments were left out: when nothing is left that ends the
+    search (a clock, ``movetime``, ``nodes``, ``depth``) or asks for one without end (``infinite``,
+    ``ponder``), it gets ``movetime`` :data:`FALLBACK_MOVETIME_MS`, so that the GUI still gets its
+    ``bestmove``."""
+    limits = (go.wtime, go.btime, go.movetime, go.nodes, go.depth)
+    if go.infinite or go.ponder or any(v is not None for v in limits):
+        return go
+    return replace(go, movetime=FALLBACK_MOVETIME_MS)
+
+
+def format_go(go: GoParams) -> str:
+    """``go`` as UCI text (what the engine searches, said back after a malformed ``go``)."""
+    words = ["go"]
+    for name in _GO_INT_FIELDS:
+        value = getattr(go, name)
+        if value is not None:
+            words += [name, str(value)]
+    words += [flag for flag in _GO_FLAGS if getattr(go, flag)]
+    if go.searchmoves:
+        words += ["searchmoves", *go.searchmoves]
+    return " ".join(words)
 
 
 def parse_setoption(text: str) -> tuple[str, Optional[str]]:

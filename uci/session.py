@@ -19,7 +19,8 @@ from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Info, Searcher, SearchResult
 from uci.options import Options
-from uci.protocol import format_info, format_result, parse_go, parse_position, parse_setoption
+from uci.protocol import (format_go, format_info, format_result, go_to_search, parse_position, parse_setoption,
+                          read_go)
 
 AUTHOR = "the cyzero developers"
 
@@ -56,6 +57,7 @@ class Session:
         self.options = Options()
         self._manager_factory = network_manager_factory or _default_manager
         self.manager = None
+        self._manager_lock = threading.Lock()
         self._previous_manager = None   # kept for its network when a new WeightsFile fails
         self.board = Board()
         self._base_fen: Optional[str] = None
@@ -168,8 +170,14 @@ class Session:
             try:
                 board.push_uci(move)
             except ValueError:
+                # As Stockfish does: the moves before it are played, it and the rest are dropped, so
+                # that the next go answers for the side to move after the last legal move.
+                self.board = board
+                self._base_fen, self._moves = fen, list(moves[:ply - 1])
+                rest = len(moves) - ply
+                dropped = f"{move}" + (f" and the {rest} move{'s' if rest > 1 else ''} after it" if rest else "")
                 raise ValueError(f"illegal move {move!r} at ply {ply} in position command; "
-                                 "position unchanged") from None
+                                 f"the position is the one before it (dropped {dropped})") from None
         self.board = board
         self._base_fen, self._moves = fen, list(moves)
 
@@ -188,7 +196,12 @@ class Session:
             raise ValueError(f"bad FEN in position command: {exc}") from None
 
     def cmd_go(self, args: list[str], received: float) -> None:
-        go = parse_go(args)
+        go, problems = read_go(args)
+        if problems:   # said, then searched without them: every go gets its bestmove
+            go = go_to_search(go)
+            for text in problems[:-1]:
+                self.error(f"{text} (ignored)")
+            self.error(f"{problems[-1]} (ignored); searching {format_go(go)!r}")
         if self.searcher.searching:
             self.searcher.stop()    # its bestmove now; its thread ends in the background
         self._apply_pending_options()
@@ -230,15 +243,22 @@ class Session:
         self.info_string(f"fen {self.board.fen()}")
 
     def quit(self) -> None:
-        """``quit`` or end of input: a search in progress still answers its bestmove, then all closes.
+        """``quit``: a search in progress still answers its bestmove at once, then all closes.
 
-        A GUI that sends ``quit`` (or closes the pipe) during a search may still be waiting for
-        that bestmove.
+        A GUI that sends ``quit`` during a search may still be waiting for that bestmove.
         """
         if self.searcher.searching:
             self.searcher.stop()
         self._reported.wait(_QUIT_WAIT_S)
         self.close()
+
+    def end_of_input(self) -> None:
+        """End of input: a search with a bound of its own (nodes, depth, movetime, a clock) runs to
+        it and answers, as ``printf 'position startpos\\ngo nodes 800\\n' | cyzero`` expects;
+        ``go infinite`` and ``go ponder`` (and a go with no bound) stop at once, as at ``quit``."""
+        if self.searcher.searching and self.searcher.bounded:
+            self._reported.wait()
+        self.quit()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -263,12 +283,14 @@ class Session:
         A new manager (after a network option changed) keeps the previous manager's network
         when its WeightsFile cannot be loaded, and says so once.
         """
-        if self.manager is None:
-            previous = self._previous_manager   # closed by _apply_options
-            self.manager = self._previous_manager = self._manager_factory(self.options, self.info_string)
-            if previous is not None and previous.in_use is not None:
-                self.manager.fallback = previous.in_use
-        return self.manager.get()
+        with self._manager_lock:   # the search thread, and a stop playing an unsearched move, may both ask
+            if self.manager is None:
+                previous = self._previous_manager   # closed by _apply_options
+                self.manager = self._previous_manager = self._manager_factory(self.options, self.info_string)
+                if previous is not None and previous.in_use is not None:
+                    self.manager.fallback = previous.in_use
+            manager = self.manager
+        return manager.get()
 
     def _swap_network_if_ready(self) -> None:
         if self.manager is not None:
@@ -394,8 +416,8 @@ def run(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
     try:
         while True:
             line = stdin.readline()
-            if not line:          # end of input: the GUI is gone
-                session.quit()
+            if not line:          # end of input: a bounded search still finishes
+                session.end_of_input()
                 return 0
             if not session.handle(line):
                 return 0

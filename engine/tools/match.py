@@ -1099,6 +1099,23 @@ def _finite(x: Optional[float], digits: int = 1) -> Optional[float]:
     return None if x is None or math.isinf(x) or math.isnan(x) else round(x, digits)
 
 
+def interval_too_small(stats: "ScoreStats | PairStats") -> bool:
+    """Whether the sample is too small for the normal approximation's 95% interval to mean anything:
+    every game (or pair) scored the same (a zero-width interval: 2-0 gave [+inf, +inf], ten draws
+    [0, 0]), or a bound falls outside the possible scores (-inf / +inf Elo)."""
+    if stats.score is None:
+        return False
+    bounds = (stats.elo_low, stats.elo_high)
+    return not stats.stderr or any(b is None or math.isinf(b) or math.isnan(b) for b in bounds)
+
+
+def _ci95(stats: "ScoreStats | PairStats") -> list:
+    """The 95% interval's bounds for JSON: both null when the sample is too small for one."""
+    if interval_too_small(stats):
+        return [None, None]
+    return [_finite(stats.elo_low), _finite(stats.elo_high)]
+
+
 def summary(result: MatchResult) -> dict:
     """All the numbers of a match as one JSON-ready dict (infinite Elo values are null)."""
     games = result.games
@@ -1142,13 +1159,13 @@ def summary(result: MatchResult) -> dict:
         "score": None if st.score is None else round(st.score, 4),
         "score_pct": None if st.score is None else round(100 * st.score, 2),
         "elo": _finite(st.elo),
-        "elo_ci95": [_finite(st.elo_low), _finite(st.elo_high)],
+        "elo_ci95": _ci95(st),       # null bounds: the sample is too small for an interval
         "elo_infinite": None if st.elo is None or not math.isinf(st.elo) else ("+inf" if st.elo > 0 else "-inf"),
         "los": round(st.los, 4),
         "pairs": ps.pairs,
         "pentanomial": list(ps.counts),
         "pair_elo": _finite(ps.elo),
-        "pair_elo_ci95": [_finite(ps.elo_low), _finite(ps.elo_high)],
+        "pair_elo_ci95": _ci95(ps),
         "engine1_white": colour(True),
         "engine1_black": colour(False),
         "terminations": terminations,
@@ -1169,6 +1186,17 @@ def _elo_text(x: Optional[float]) -> str:
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
     return f"{x:+.1f}"
+
+
+def _interval_text(stats: "ScoreStats | PairStats", unit: str) -> str:
+    """``95% interval [low, high]``, or why there is none yet."""
+    count = stats.games if isinstance(stats, ScoreStats) else stats.pairs
+    if stats.score is None:
+        return f"95% interval: none (no {unit}s)"
+    if interval_too_small(stats):
+        same = " that all scored the same" if not stats.stderr and count > 1 else ""
+        return f"95% interval: sample too small ({count} {unit}{'s' if count != 1 else ''}{same})"
+    return f"95% interval [{_elo_text(stats.elo_low)}, {_elo_text(stats.elo_high)}]"
 
 
 def _sprt_text(sprt: dict, name1: str, s: dict) -> str:
@@ -1205,11 +1233,11 @@ def format_summary(result: MatchResult) -> str:
         lines.append(f"{name:<{width}}  {ww:>5} {ll:>6} {d:>5} {pct:>7}")
     lines += [
         "",
-        f"Elo difference ({n1} - {n2}): {_elo_text(st.elo)}, 95% interval "
-        f"[{_elo_text(st.elo_low)}, {_elo_text(st.elo_high)}]; LOS {100 * st.los:.1f}%",
+        f"Elo difference ({n1} - {n2}): {_elo_text(st.elo)}, {_interval_text(st, 'game')}; "
+        f"LOS {100 * st.los:.1f}%",
         f"pairs (same opening, colours reversed): {ps.pairs}, pentanomial 0/0.5/1/1.5/2 "
         f"{' '.join(str(c) for c in ps.counts)}; Elo from pairs {_elo_text(ps.elo)}, "
-        f"95% interval [{_elo_text(ps.elo_low)}, {_elo_text(ps.elo_high)}]",
+        f"{_interval_text(ps, 'pair')}",
         f"{n1} as White: +{s['engine1_white']['wins']} -{s['engine1_white']['losses']} ={s['engine1_white']['draws']}; "
         f"as Black: +{s['engine1_black']['wins']} -{s['engine1_black']['losses']} ={s['engine1_black']['draws']}",
         "",

@@ -1,0 +1,261 @@
+"""Every ``cyzero`` and ``cyzero-train`` subcommand, run as a newcomer runs it.
+
+Each gets only its required arguments and its smallest budget (``--seconds``, ``--games 2``,
+``--steps 1``, a temporary run directory) and runs as a separate process from a temporary folder,
+not the repository: the default files it needs (the bundled networks, openings, mate positions
+and configs) must be found from the installed package. ``cyzero bench nn`` once looked for the
+networks beside ``engine/tools/`` and failed with no arguments, while its test always passed
+``--net``.
+
+:func:`test_every_subcommand_is_run_here` keeps the list complete: a new subcommand without a case
+here fails it. The commands that run until stopped (``run``, ``worker``) and the trainer's benchmarks
+whose budget is fixed at a minute or so (``bench train``, ``bench selfplay``) are stopped once they
+say they are under way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import chess
+import chess.pgn
+import pytest
+
+from uci import cli as cyzero_cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CYZERO = [sys.executable, "-m", "uci.cli"]          # what the `cyzero` console script runs
+TRAIN = [sys.executable, "-m", "trainer.cli"]       # ... and `cyzero-train`
+RANDOM_MOVER = f"{sys.executable} -m engine.tools.random_mover"
+STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
+# Only turns a hang into a failure (the machine may be busy); no timing is asserted.
+DEADLINE_S = 300
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")   # the checkout, wherever we run
+    return env
+
+
+def _run(argv: list[str], cwd, stdin: str = "") -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=cwd, env=_env(),
+                          timeout=DEADLINE_S)
+    _check(argv, done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def _check(argv, code, out: str, err: str) -> None:
+    shown = f"{' '.join(argv[2:])}\nstdout: {out[-2000:]}\nstderr: {err[-3000:]}"
+    assert code == 0, shown
+    assert "Traceback" not in err, shown
+    # What a missing default file looked like ("no bundled network in .../engine/tools/nets").
+    assert not re.search(r"no bundled|is missing|No such file|FileNotFoundError", out + err), shown
+
+
+# --------------------------------------------------------------------------- the list
+
+
+def _names(parser: argparse.ArgumentParser, prefix: str = "") -> set[str]:
+    """Every runnable command below ``parser``: subparsers, and a positional's choices (``bench what``)."""
+    names: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                below = _names(sub, f"{prefix}{name} ")
+                names |= below or {f"{prefix}{name}"}
+        elif not action.option_strings and action.choices and prefix:
+            names |= {f"{prefix}{choice}" for choice in action.choices}
+    return names
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    from trainer import cli as train_cli
+
+    return train_cli._build_parser()
+
+
+CYZERO_CASES = {
+    "perft": (["perft", "startpos", "1"], "20"),
+    "bench perft": (["bench", "perft", "--seconds", "0.01"], "ratio"),
+    "bench nn": (["bench", "nn", "--seconds", "0.01", "--batches", "1"], "int8"),
+    "bench tree": (["bench", "tree", "--seconds", "0.01"], "playouts/s"),
+    "bench uci": (["bench", "uci", "--trials", "1", "--starts", "1", "--movetimes", "10"], "stop -> bestmove"),
+    "bench search": (["bench", "search", "--seconds", "0.01"], "nodes"),
+    "bench mates": (["bench", "mates", "--nodes", "1"], "%"),
+    "match": (["match", "--engine2", RANDOM_MOVER, "--games", "2", "--nodes", "1"], "Elo difference"),
+}
+# Each cyzero-train subcommand and the test below that runs it.
+TRAIN_CASES = {
+    "keys": "test_keys_and_export",
+    "export": "test_keys_and_export",
+    "bootstrap": "test_bootstrap_learn_status_plot_evaluate",
+    "learn": "test_bootstrap_learn_status_plot_evaluate",
+    "status": "test_bootstrap_learn_status_plot_evaluate",
+    "plot": "test_bootstrap_learn_status_plot_evaluate",
+    "evaluate": "test_bootstrap_learn_status_plot_evaluate",
+    "run": "test_run_and_a_worker",
+    "worker": "test_run_and_a_worker",
+    "bench train": "test_train_bench_until_its_first_figure",
+    "bench bootstrap": "test_train_bench_bootstrap",
+    "bench selfplay": "test_train_bench_until_its_first_figure",
+}
+
+
+def test_every_subcommand_is_run_here():
+    assert _names(cyzero_cli.build_parser()) == set(CYZERO_CASES)
+    assert _names(_train_parser()) == set(TRAIN_CASES)
+    assert set(TRAIN_CASES.values()) <= set(globals())
+
+
+# --------------------------------------------------------------------------- cyzero
+
+
+def test_cyzero_speaks_uci_with_the_bundled_network(tmp_path):
+    done = _run(CYZERO, tmp_path, "uci\nisready\nposition startpos\ngo nodes 5\n")
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("info string loaded network default.") for line in lines), lines
+    assert lines[-1].startswith("bestmove ") and not [line for line in lines if "error" in line], lines
+
+
+@pytest.mark.parametrize("name", sorted(CYZERO_CASES))
+def test_cyzero_subcommand_with_its_defaults(name, tmp_path):
+    argv, expected = CYZERO_CASES[name]
+    done = _run(CYZERO + argv, tmp_path)
+    assert expected in done.stdout, done.stdout[-2000:]
+
+
+# --------------------------------------------------------------------------- cyzero-train
+
+
+@pytest.fixture
+def torch_installed():
+    pytest.importorskip("torch", reason="cyzero-train needs the train extra (pip install 'cyzero[train]')")
+
+
+def test_keys_and_export(tmp_path, torch_installed):
+    _run(TRAIN + ["keys", "keys"], tmp_path)
+    assert (tmp_path / "keys" / "server").is_dir()
+    _run(TRAIN + ["export", "--out", "out", "--positions", "16"], tmp_path)
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.onnx"))
+
+
+def _pgn(path, games: int = 4) -> None:
+    rng = random.Random(0)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(games):
+            board = chess.Board()
+            while not board.is_game_over() and board.ply() < 60:
+                board.push(rng.choice(list(board.legal_moves)))
+            game = chess.pgn.Game.from_board(board)
+            game.headers["Result"] = "1/2-1/2"
+            print(game, file=f, end="\n\n")
+
+
+def test_bootstrap_learn_status_plot_evaluate(tmp_path, torch_installed):
+    _pgn(tmp_path / "games.pgn")
+    _run(TRAIN + ["bootstrap", "run", "--pgn", "games.pgn"], tmp_path)
+    _run(TRAIN + ["learn", "run", "--steps", "1"], tmp_path)
+    assert _run(TRAIN + ["status", "run"], tmp_path).stdout.strip()
+    _run(TRAIN + ["plot", "run"], tmp_path)
+    assert list((tmp_path / "run" / "plots").glob("*.png"))
+    _run(TRAIN + ["evaluate", "run", "--games", "2", "--nodes", "1"], tmp_path)
+    assert (tmp_path / "run" / "evaluation.jsonl").read_text().strip()
+
+
+class _Started:
+    """A long-running command: its stderr read on a thread, waited on for a line."""
+
+    def __init__(self, argv: list[str], cwd) -> None:
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+        self.out = ""
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            with self._seen:
+                self.err.append(line)
+                self._seen.notify_all()
+
+    def wait_for(self, text: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        with self._seen:
+            while not any(text in line for line in self.err):
+                assert self.proc.poll() is None, f"{self.argv[2:]} ended: {''.join(self.err)[-3000:]}"
+                assert time.monotonic() < deadline, f"no {text!r} from {self.argv[2:]}: {''.join(self.err)[-3000:]}"
+                self._seen.wait(0.5)
+
+    def stop(self, sig=signal.SIGINT) -> None:
+        """Stop it as Ctrl-C does; it must end cleanly."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.out, _ = self.proc.communicate(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise AssertionError(f"{self.argv[2:]} did not stop: {''.join(self.err)[-3000:]}") from None
+        self._reader.join(10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def test_run_and_a_worker(tmp_path, torch_installed):
+    # The documented defaults, but free ports, not 5780-5782: another run (or test) may hold those.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text(
+        '[daemon]\nendpoint = "tcp://127.0.0.1:*"\npublish = "tcp://127.0.0.1:*"\nfetch = "tcp://127.0.0.1:*"\n')
+    daemon = _Started(TRAIN + ["run", "run"], tmp_path)
+    try:
+        daemon.wait_for("serving")
+        endpoint = json.loads((tmp_path / "run" / "daemon.json").read_text())["endpoint"]
+        worker = _Started(TRAIN + ["worker", "--connect", endpoint, "--games", "2"], tmp_path)
+        try:
+            worker.wait_for("playing 2 games")
+            worker.stop()
+            _check(worker.argv, worker.proc.returncode, worker.out, "".join(worker.err))
+        finally:
+            worker.kill()
+        daemon.stop()
+        _check(daemon.argv, daemon.proc.returncode, daemon.out, "".join(daemon.err))
+    finally:
+        daemon.kill()
+
+
+@pytest.mark.parametrize("what", ["selfplay", "train"])
+def test_train_bench_until_its_first_figure(what, tmp_path, torch_installed):
+    """bench train and bench selfplay measure for a fixed minute or so whatever ``--seconds`` says
+    (a warm-up, then each setting): they are stopped at their first figure, past their set-up."""
+    bench = _Started(TRAIN + ["bench", what, "--seconds", "0.1"], tmp_path)
+    try:
+        bench.wait_for(f"bench {what}:")
+        assert not [line for line in bench.err if "Traceback" in line], "".join(bench.err)
+    finally:
+        bench.kill()
+
+
+@pytest.mark.skipif(STOCKFISH is None, reason="bench bootstrap plays its default teacher, Debian's stockfish: "
+                                               "apt install stockfish (it goes to /usr/games)")
+def test_train_bench_bootstrap(tmp_path, torch_installed):
+    _run(TRAIN + ["bench", "bootstrap", "--seconds", "0.1"], tmp_path)
