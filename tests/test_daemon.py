@@ -232,6 +232,46 @@ def test_register_games_acked_after_they_are_durable_and_duplicates_dropped(run_
     assert sorted(stored_ids(run_dir)) == sorted([first.game_id, older.game_id, newer.game_id])
 
 
+def test_the_memory_of_stored_game_ids_is_bounded_and_a_recent_resend_still_dropped(run_dir):
+    """The duplicate check remembers only the newest ``recent_game_ids`` stored ids, also after a
+    restart (read back from the manifest, newest last); a resend of a recent game is acknowledged
+    and not stored again."""
+    limit = 20
+    sent = [game(0, n=2) for _ in range(3 * limit)]
+
+    def send_all(client, games):
+        client.register()
+        for g in games:
+            client.send(g)
+        acked: set[str] = set()
+        while len(acked) < len(games):
+            acked.update(client.expect(wire.Ack).game_ids)
+        assert acked == {g.game_id for g in games}
+
+    with Running(run_dir, recent_game_ids=limit) as running, Client(running.info["endpoint"]) as client:
+        for i in range(0, len(sent), 10):  # several chunks, oldest first
+            send_all(client, sent[i:i + 10])
+        assert len(running.daemon._stored) == limit  # 3 x limit games stored, limit ids remembered
+        for recent in (sent[-1], sent[-limit]):
+            client.send(recent)  # its ack was lost: resent, acknowledged again, not stored again
+            assert client.expect(wire.Ack).game_ids == (recent.game_id,)
+        assert len(running.daemon._stored) == limit
+    ids = stored_ids(run_dir)
+    assert sorted(ids) == sorted(g.game_id for g in sent)  # each stored once
+
+    with Running(run_dir, recent_game_ids=limit) as running, Client(running.info["endpoint"]) as client:
+        assert len(running.daemon._stored) == limit  # a restart reads back only the newest
+        client.register()
+        client.send(sent[-1])  # resent to the restarted daemon
+        assert client.expect(wire.Ack).game_ids == (sent[-1].game_id,)
+        more = [game(0, n=2) for _ in range(5)]
+        send_all(client, more)
+        client.send(more[0])
+        assert client.expect(wire.Ack).game_ids == (more[0].game_id,)
+        assert len(running.daemon._stored) == limit
+    assert sorted(stored_ids(run_dir)) == sorted(g.game_id for g in sent + more)
+
+
 def test_stop_flushes_buffered_games_acks_them_and_writes_workers_json(run_dir):
     cfg = config(daemon={"flush_s": 60.0})
     running = Running(run_dir, cfg)

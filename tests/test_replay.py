@@ -501,12 +501,12 @@ def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
     store = ReplayStore(tmp_path)
     store.append_games([_game([1, 2]), _game([3])], generation=2, source="selfplay", game_ids=["a1", "b2"])
     store.append_games([_game([4])], generation=2, source="selfplay")  # ids are optional
-    assert store.game_ids() == {"a1", "b2"}
-    assert ReplayStore(tmp_path).game_ids() == {"a1", "b2"}  # a restarted daemon reads them back
+    assert store.newest_game_ids() == ["a1", "b2"]
+    assert ReplayStore(tmp_path).newest_game_ids(1) == ["b2"]  # a restarted daemon reads them back
     names = [e.name for e in store.entries()]
     store.prune(1)  # pruned chunks' games stay known: a late resend is still a duplicate
     assert len(ReplayStore(tmp_path).entries()) < len(names)
-    assert ReplayStore(tmp_path).game_ids() == {"a1", "b2"}
+    assert ReplayStore(tmp_path).newest_game_ids() == ["a1", "b2"]
     with pytest.raises(ValueError, match="one string per game"):
         store.append_games([_game([5])], generation=2, source="selfplay", game_ids=["x", "y"])
 

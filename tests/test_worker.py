@@ -290,6 +290,56 @@ def test_stop_resends_unacked_games_then_exits_zero(daemon_factory, nets):
     assert not running.said("not acknowledged")
 
 
+def test_a_daemon_that_never_acks_pauses_self_play_at_the_bound_and_no_game_is_lost(daemon_factory, nets):
+    """The memory bound: with no acks, the worker keeps at most max_unacked_games (plus one step's
+    finished games), stops playing, says so once, keeps resending every game it holds, and goes on
+    when acks come back."""
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    daemon.ack = False
+    running = start(daemon, games=4, max_unacked_games=3)
+    link = lambda: running.worker.link  # noqa: E731
+    daemon.serve(lambda: running.said("self-play paused"), timeout=60)
+    assert running.said("max_unacked_games 3") and running.said("no game is dropped")
+    held = link().held_games
+    assert 3 <= held <= 3 + 4 - 1  # checked before each step: one step may finish up to 4 games
+    positions = running.worker.selfplay.positions
+    mark = len(daemon.messages)
+    # Several resend rounds (RESEND_S is 1 s here) later: no new game, no move played, memory unchanged.
+    daemon.serve(lambda: len([1 for _, m in daemon.messages[mark:] if isinstance(m, wire.Heartbeat)]) >= 8)
+    sent = {g.game_id for g in daemon.games()}
+    resent = {m.game_id for _, m in daemon.messages[mark:] if isinstance(m, wire.Game)}
+    assert len(sent) == held and resent == sent          # every held game still offered, none new
+    assert link().held_games == held and len(link().unacked) == held
+    assert running.worker.selfplay.positions == positions
+    assert sum("self-play paused until" in line for line in running.lines) == 1
+    # Acks come back: playing resumes, new games arrive.
+    daemon.ack = True
+    for game_id in sent:
+        daemon.send(wire.Ack((game_id,)))
+    daemon.serve(lambda: running.said("self-play resumed") and len({g.game_id for g in daemon.games()}) > held)
+
+
+def test_a_byte_bound_pauses_too_and_a_stop_says_what_was_not_acknowledged(daemon_factory, nets):
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    daemon.ack = False
+    running = start(daemon, games=2, max_unacked_bytes=1)  # any one game fills it
+    daemon.serve(lambda: running.said("self-play paused"), timeout=60)
+    held = running.worker.link.held_games
+    assert 1 <= held <= 2
+    running.stop.set()
+    daemon.serve(lambda: not running.thread.is_alive(), timeout=30)
+    assert running.join() == 0
+    assert running.said(f"stopped; {held} games were not acknowledged")  # said, never silent
+
+
+def test_bad_bounds_are_refused():
+    for bad in ({"max_unacked_games": 0}, {"max_unacked_bytes": -1}, {"max_unacked_games": 2.5}):
+        with pytest.raises(ValueError, match="max_unacked_"):
+            Worker("tcp://127.0.0.1:5780", **bad)
+
+
 def test_new_generation_is_played_after_it_loads_and_games_go_on(daemon_factory, nets):
     make, start = daemon_factory
     daemon = make(current(nets))

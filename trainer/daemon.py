@@ -4,8 +4,9 @@ One process per run directory (an flock on ``RUN/daemon.lock``) that
 
 * serves the workers' ROUTER (:mod:`trainer.wire`): ``Register`` -> ``Registered``,
   heartbeats, and finished games, which it writes to the replay store and only then
-  acknowledges (durable-then-ack), dropping a game whose id the store already holds, so a
-  worker may resend until it sees its ``Ack`` and no game is stored twice;
+  acknowledges (durable-then-ack), dropping a game whose id is among the newest stored
+  (``RECENT_GAME_IDS``, a bounded memory), so a worker may resend until it sees its ``Ack``
+  and no game is stored twice;
 * starts and supervises the local workers (``cyzero-train worker``, one per device and
   slot) and the learner (``cyzero-train learn --follow``): a child that exits, or a worker
   silent for ``daemon.heartbeat_timeout_s``, is restarted after a backoff;
@@ -22,6 +23,7 @@ the device check at start.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fcntl
 import ipaddress
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import zmq
 
@@ -64,6 +66,7 @@ STOP_WAIT_S = 90.0  # children's time to stop cleanly (the learner's final check
 MAX_BACKOFF_S = 60.0
 QUICK_DEATH_S = 60.0  # a child dying sooner after its start doubles its next backoff
 ALIVE_S = 10.0  # a worker heard from within this (5 of trainer.worker's heartbeats) counts as alive
+RECENT_GAME_IDS = 100_000  # stored game ids remembered to drop resends: about 13 MB (see _RecentIds)
 RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
 MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
@@ -248,20 +251,58 @@ def learner_ranks(learner_devices: str) -> dict[str, int]:
     return {device: 1 for device in parse_devices(text)}
 
 
+class _RecentIds:
+    """The ids of the newest ``limit`` games stored, oldest forgotten first: the duplicate check.
+
+    A worker resends only the games it holds unacknowledged (trainer.worker keeps at most
+    ``MAX_UNACKED_GAMES`` of them, pausing self-play at that bound), a few seconds after
+    sending them or right after a daemon restart, so a resent game is among the newest
+    stored ones; remembering every id ever stored cost about 100 bytes a game, forever.
+    A resend of a game stored more than ``limit`` games ago (a worker cut off for that
+    long whose ack was lost) is stored a second time: one duplicate, not a lost game.
+    About 130 bytes an id (the 32-character string, its set slot and its queue slot).
+    """
+
+    def __init__(self, limit: int, ids: Iterable[str] = ()) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"recent_game_ids must be a whole number >= 1, got {limit!r}")
+        self.limit = limit
+        self._ids: set[str] = set()
+        self._order: collections.deque[str] = collections.deque()
+        self.update(ids)
+
+    def __contains__(self, game_id: object) -> bool:
+        return game_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def update(self, ids: Iterable[str]) -> None:
+        """Remember ``ids`` (oldest first) as the newest stored; forget the oldest past the limit."""
+        for game_id in ids:
+            if game_id in self._ids:
+                continue
+            self._ids.add(game_id)
+            self._order.append(game_id)
+            if len(self._order) > self.limit:
+                self._ids.discard(self._order.popleft())
+
+
 class Daemon:
     """The training daemon of one run directory; :func:`run_daemon` drives it.
 
     ``start()`` takes the run's lock, creates generation 0, binds the sockets and starts the
     children; ``serve(stop)`` runs the loop until ``stop`` is set; ``stop()`` flushes, stops
     everyone and releases the run. ``worker_command``/``learner_command`` (callables with the
-    methods' signatures) replace the child commands, for tests.
+    methods' signatures) replace the child commands, for tests. ``recent_game_ids``: how many of
+    the newest stored game ids are remembered to drop a worker's resends (:class:`_RecentIds`).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: TrainConfig, *, devices: Optional[str] = None,
                  workers_per_device: Optional[int] = None, learner_devices: Optional[str] = None,
                  log: Optional[Log] = None, worker_command: Optional[Callable[..., list[str]]] = None,
                  learner_command: Optional[Callable[[str, str], list[str]]] = None, simulate_gpu: bool = False,
-                 config_source: Optional[str] = None):
+                 config_source: Optional[str] = None, recent_game_ids: int = RECENT_GAME_IDS):
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.config = config
         self.config_source = config_source  # the file ``config`` was read from (--config), if any
@@ -290,7 +331,7 @@ class Daemon:
         self._router: Any = None
         self._announcer: Any = None
         self._store: Any = None
-        self._stored: set[str] = set()
+        self._stored = _RecentIds(recent_game_ids)  # the newest stored game ids: resends are dropped
         self._buffer: dict[str, tuple[wire.Game, set[bytes]]] = {}
         self._first_buffered = 0.0
         self._workers: dict[str, _Worker] = {}
@@ -388,7 +429,7 @@ class Daemon:
         self._openings = self._resolve_openings()
         self._initialize(initialize_run)
         self._store = ReplayStore(self.run_dir)
-        self._stored = self._store.game_ids()
+        self._stored = _RecentIds(self._stored.limit, self._store.newest_game_ids(self._stored.limit))
         for entry in self._store.entries():
             if entry.source == "selfplay":
                 self._games_total += entry.games

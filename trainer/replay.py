@@ -35,6 +35,7 @@ through :func:`import_lc0_chunks`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import fcntl
@@ -65,6 +66,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from engine.encoding import POLICY_SIZE
 from engine.files import atomic_open, fsync_dir
+from trainer.atomic import read_jsonl
 from trainer.config import ReplayConfig
 from trainer.records import (
     INPUT_PLANES,
@@ -166,7 +168,6 @@ class ReplayStore:
         self._offset = 0                            # bytes of the manifest parsed so far
         self._ops: list[ChunkEntry | list[str]] = []   # the log's records: an added chunk, pruned names
         self._live: dict[str, ChunkEntry] = {}      # the log replayed to its end, oldest first
-        self._game_ids: set[str] = set()            # every game id an add line listed (pruned ones too)
 
     # -- the manifest log ------------------------------------------------------------------
 
@@ -205,7 +206,6 @@ class ReplayStore:
                         raise ValueError("game_ids must be a list of strings")
                     self._ops.append(entry)
                     self._live.setdefault(entry.name, entry)
-                    self._game_ids.update(ids)
                 elif op == "prune":
                     names = [str(n) for n in obj["names"]]
                     self._ops.append(names)
@@ -262,11 +262,16 @@ class ReplayStore:
     def total_positions(self) -> int:
         return sum(e.positions for e in self.entries())
 
-    def game_ids(self) -> set[str]:
-        """Every game id ever committed with :meth:`append_games` (the daemon's duplicate check)."""
-        with self._lock:
-            self._read_new()
-            return set(self._game_ids)
+    def newest_game_ids(self, limit: int | None = None) -> list[str]:
+        """The ids of the newest ``limit`` games committed with :meth:`append_games` (all when
+        None; pruned chunks' too), oldest first, read from the manifest: the daemon's duplicate
+        check after a restart. Not kept in memory: a long run stores millions of games."""
+        newest: collections.deque[str] = collections.deque(maxlen=limit)
+        for record in read_jsonl(self.manifest):
+            ids = record.get("game_ids") if record.get("op") == "add" else None
+            if isinstance(ids, list):
+                newest.extend(i for i in ids if isinstance(i, str))
+        return list(newest)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -295,8 +300,6 @@ class ReplayStore:
         if game_ids is not None:
             line["game_ids"] = list(game_ids)
         self._append(line)
-        with self._lock:
-            self._game_ids.update(game_ids or ())
         return entry
 
     def writer(self, *, generation: int, source: str, positions_per_chunk: int = 4096) -> "ChunkWriter":

@@ -17,6 +17,10 @@ subprocess each).  The protocol (trainer/wire.py has the messages):
   keeps no empty game),
   resent every 10 s meanwhile (the daemon drops a game id it has), so neither a
   lost message nor a daemon restart (ZeroMQ reconnects) loses a game;
+* the games awaiting their acks are bounded (``max_unacked_games``, ``max_unacked_bytes``):
+  at the bound self-play pauses (said in the log, at most once a minute) until acks make
+  room, so a worker whose daemon is down stops growing instead of filling its memory; no
+  game is dropped (a stop with games still unacknowledged says how many);
 * ``Heartbeat`` every 2 s; ``Stop``, SIGTERM or SIGINT: stop playing, resend
   the unacknowledged games, wait up to 10 s for their acks, exit 0.
 
@@ -47,7 +51,8 @@ from engine.watchers import RateLimit, validate_endpoint
 from trainer import wire
 from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config, worker_max_batch
 
-__all__ = ["HEARTBEAT_S", "REGISTER_S", "RESEND_S", "STOP_WAIT_S", "Worker", "parse_devices", "run_workers"]
+__all__ = ["HEARTBEAT_S", "MAX_UNACKED_BYTES", "MAX_UNACKED_GAMES", "REGISTER_S", "RESEND_S", "STOP_WAIT_S",
+           "Worker", "parse_devices", "run_workers"]
 
 REGISTER_S = 5.0      # Register is resent this often until Registered
 HEARTBEAT_S = 2.0     # a Heartbeat this often
@@ -55,6 +60,9 @@ RESEND_S = 10.0       # a game not acknowledged within this is sent again
 STOP_WAIT_S = 10.0    # on stop, how long to wait for the last acks
 STATS_S = 60.0        # one line of games/h, positions/s and generation this often
 WAITING_SAY_S = 10.0  # no Registered this long: say where we are waiting, once
+MAX_UNACKED_GAMES = 1024         # games awaiting acks at which self-play pauses
+MAX_UNACKED_BYTES = 256 << 20    # ... or their records and PGNs this large (a game of 40 records: ~330 KB)
+PAUSED_SAY_S = 60.0   # "self-play paused" at most this often
 _RETRY_S = 0.2        # a send refused for want of a connection is tried again this soon
 _POLL_MS = 50
 _ID_BAD = re.compile(r"[^A-Za-z0-9._:-]")
@@ -99,19 +107,31 @@ def _public_endpoint(publish: str, connect: str) -> str:
     return validate_endpoint(publish, "the daemon's publish endpoint")
 
 
+def _check_bounds(max_games: Any, max_bytes: Any) -> None:
+    for name, value in (("max_unacked_games", max_games), ("max_unacked_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
 # --------------------------------------------------------------------------- the socket's thread
 
 
 class _Link:
     """The DEALER and its thread: Register, Heartbeat, games out and resent, replies in.
 
-    The playing thread only calls :meth:`submit`, sets :attr:`playing`, :attr:`generation`,
-    :attr:`positions`, reads :attr:`registered` and calls :meth:`finish`.
+    The playing thread only calls :meth:`submit` and :meth:`wait_for_room`, sets :attr:`playing`,
+    :attr:`generation`, :attr:`positions`, reads :attr:`registered` and calls :meth:`finish`.
+
+    The games submitted and not yet acknowledged, refused or dropped are *held*; :meth:`full` is
+    true once ``max_games`` are held or their records and PGNs reach ``max_bytes``.
     """
 
     def __init__(self, connect: str, register: wire.Register, keys: Any, stop: threading.Event,
-                 say: Callable[[str], None], context: Any = None) -> None:
+                 say: Callable[[str], None], context: Any = None, *, max_games: int = MAX_UNACKED_GAMES,
+                 max_bytes: int = MAX_UNACKED_BYTES) -> None:
         import zmq
+
+        _check_bounds(max_games, max_bytes)
 
         self._zmq = zmq
         self.connect = connect
@@ -121,8 +141,15 @@ class _Link:
         self._stop = stop          # set when the daemon says Stop
         self._say = say
         self._context = context or zmq.Context.instance()
-        self._outbox: "queue.Queue[FinishedGame]" = queue.Queue()
-        self.unacked: dict[str, list] = {}   # game id -> [frames, next send time]; this thread only
+        self._outbox: "queue.Queue[tuple[FinishedGame, int]]" = queue.Queue()   # (game, its bytes)
+        self.unacked: dict[str, list] = {}   # game id -> [frames, next send time, bytes]; this thread only
+        self.max_games, self.max_bytes = max_games, max_bytes
+        self._room = threading.Condition()   # guards the two counts below; notified when games leave
+        self.held_games = 0        # games in the outbox or unacked
+        self.held_bytes = 0        # their records' and PGNs' bytes
+        self.pauses = 0            # times self-play paused at the bound
+        self._paused_said = -PAUSED_SAY_S
+        self._pauses_unsaid = 0
         self.registered: Optional[wire.Registered] = None
         self.registered_event = threading.Event()
         self.playing = 0
@@ -147,7 +174,53 @@ class _Link:
         if len(game.records) == 0:
             self.empty += 1
             return
-        self._outbox.put(game)
+        size = int(game.records.nbytes) + len(game.pgn.encode())
+        with self._room:
+            self.held_games += 1
+            self.held_bytes += size
+        self._outbox.put((game, size))
+
+    def full(self) -> bool:
+        """True when the games awaiting acks are at the bound (self-play pauses)."""
+        with self._room:
+            return self._full()
+
+    def _full(self) -> bool:
+        return self.held_games >= self.max_games or self.held_bytes >= self.max_bytes
+
+    def wait_for_room(self, stop: threading.Event) -> None:
+        """Block while :meth:`full` (self-play paused) until acks make room, ``stop`` is set or the link
+        ends; says so (at most once every ``PAUSED_SAY_S``), and again when it resumes."""
+        with self._room:
+            if not self._full():
+                return
+            games, size = self.held_games, self.held_bytes
+        self.pauses += 1
+        start = time.monotonic()
+        said = start - self._paused_said >= PAUSED_SAY_S
+        if said:
+            self._paused_said = start
+            unsaid, self._pauses_unsaid = self._pauses_unsaid, 0
+            self._say(f"{games} games ({size / 2**20:.1f} MiB) await the daemon's acknowledgement, the most this "
+                      f"worker keeps (max_unacked_games {self.max_games}, max_unacked_bytes "
+                      f"{self.max_bytes / 2**20:g} MiB): "
+                      f"self-play paused until acks come back; no game is dropped"
+                      + (f" ({unsaid} shorter pauses since this was last said)" if unsaid else ""))
+        else:
+            self._pauses_unsaid += 1
+        with self._room:
+            while self._full() and not stop.is_set() and not self._closing.is_set() and self.thread.is_alive():
+                self._room.wait(0.2)
+            full = self._full()
+        if said and not full:
+            self._say(f"self-play resumed after {time.monotonic() - start:.0f} s: the daemon acknowledged games")
+
+    def _release(self, size: int) -> None:
+        """A held game left (acknowledged, refused or dropped): room for another."""
+        with self._room:
+            self.held_games -= 1
+            self.held_bytes -= size
+            self._room.notify_all()
 
     def finish(self, timeout: float) -> int:
         """Resend what is unacknowledged, wait up to ``timeout`` s for the acks, stop; returns how many stay unacked."""
@@ -204,10 +277,10 @@ class _Link:
                               f"keys it admits?)")
             while True:
                 try:
-                    game = self._outbox.get_nowait()
+                    game, size = self._outbox.get_nowait()
                 except queue.Empty:
                     break
-                self._queue_game(game, now)
+                self._queue_game(game, size, now)
             if self._drain_until is not None and not draining:
                 draining = True
                 for entry in self.unacked.values():
@@ -226,7 +299,8 @@ class _Link:
             if now >= next_stats:
                 positions_per_s, games_per_h = self._rate(samples, now)
                 self._say(f"{games_per_h:.0f} games/h, {positions_per_s:.1f} positions/s, generation "
-                          f"{self.generation}, {len(self.unacked)} games awaiting acks")
+                          f"{self.generation}, {len(self.unacked)} games awaiting acks"
+                          + (" (self-play paused at the bound)" if self.full() else ""))
                 next_stats = now + STATS_S
             if draining and (not self.unacked or now >= self._drain_until):  # type: ignore[operator]
                 return
@@ -249,14 +323,15 @@ class _Link:
             return 0.0, 0.0
         return (self.positions - p0) / span, (self.games + self.empty - g0) * 3600.0 / span
 
-    def _queue_game(self, game: FinishedGame, now: float) -> None:
+    def _queue_game(self, game: FinishedGame, size: int, now: float) -> None:
         try:
             frames = wire.encode(wire.Game(self.worker, game.game_id, game.generation, game.result,
                                            game.termination, game.records, game.pgn))
         except wire.WireError as e:
             self._say(f"game {game.game_id} cannot be sent ({e}); dropped")
+            self._release(size)
             return
-        self.unacked[game.game_id] = [frames, now]
+        self.unacked[game.game_id] = [frames, now, size]
         self.games += 1
 
     def _receive(self, frames: list) -> None:
@@ -267,8 +342,10 @@ class _Link:
             return
         if isinstance(message, wire.Ack):
             for game_id in message.game_ids:
-                if self.unacked.pop(game_id, None) is not None:
+                entry = self.unacked.pop(game_id, None)
+                if entry is not None:
                     self.acked += 1
+                    self._release(entry[2])
         elif isinstance(message, wire.Registered):
             if self.registered is None:
                 self.registered = message
@@ -276,8 +353,10 @@ class _Link:
                 self._say(f"registered with run {message.run} at {self.connect}"
                           + ("" if message.generation is None else f", generation {message.generation}"))
         elif isinstance(message, wire.Refused):
-            if message.game_id is not None and self.unacked.pop(message.game_id, None) is not None:
+            entry = None if message.game_id is None else self.unacked.pop(message.game_id, None)
+            if entry is not None:
                 self.refused += 1
+                self._release(entry[2])
                 self._say(f"the daemon refused game {message.game_id}: {message.reason}; dropped")
             else:
                 self._limited(f"the daemon refused a message: {message.reason}")
@@ -309,12 +388,16 @@ class Worker:
     ``simulate_gpu``: on ``cuda:N``, the network runs on the GPU stand-in
     (``engine.tools.gpu_standin``), which exercises the GPU path on a machine without one.
     ``log``: called with each line, already prefixed ``worker NAME:`` (default: stderr).
+    ``max_unacked_games``, ``max_unacked_bytes``: the games awaiting the daemon's acks at which
+    self-play pauses until acks make room (checked before each step, so one step's finished
+    games may go past it).
     """
 
     def __init__(self, connect: str, *, keys: Optional[str] = None, device: str = "cpu",
                  name: Optional[str] = None, games: Optional[int] = None, threads: Optional[int] = None,
                  log: Optional[Callable[[str], object]] = None, stop: Optional[threading.Event] = None,
-                 context: Any = None, simulate_gpu: bool = False) -> None:
+                 context: Any = None, simulate_gpu: bool = False, max_unacked_games: int = MAX_UNACKED_GAMES,
+                 max_unacked_bytes: int = MAX_UNACKED_BYTES) -> None:
         self.connect = validate_endpoint(connect, "--connect")
         (self.device,) = parse_devices(device)
         self.name = name or default_name()
@@ -332,6 +415,8 @@ class Worker:
         self._log = log or _stderr
         self.stop = stop or threading.Event()
         self._context = context
+        _check_bounds(max_unacked_games, max_unacked_bytes)
+        self.max_unacked = (max_unacked_games, max_unacked_bytes)
         self.link: Optional[_Link] = None
         self.selfplay: Optional[SelfPlay] = None
 
@@ -345,7 +430,8 @@ class Worker:
         """Play until stopped; 0 after a clean stop (Stop, a signal); raises on a crash."""
         register = wire.Register(self.name, socketlib.gethostname()[:wire.MAX_TEXT_CHARS], os.getpid(),
                                  (self.device,), f"cyzero {__version__}")
-        link = self.link = _Link(self.connect, register, self.keys, self.stop, self.say, self._context)
+        link = self.link = _Link(self.connect, register, self.keys, self.stop, self.say, self._context,
+                                 max_games=self.max_unacked[0], max_bytes=self.max_unacked[1])
         try:
             self._play(link)
             if link.error is None:
@@ -380,6 +466,9 @@ class Worker:
             self.say(f"playing {games} games at once on {self.device}, generation {generation}")
             try:
                 while not self.stop.is_set():
+                    if link.full():  # the daemon is not acknowledging: keep no more games in memory
+                        link.wait_for_room(self.stop)
+                        continue
                     if manager.apply_pending():
                         generation = manager.generation if manager.generation is not None else generation
                         selfplay.set_network(manager.get(), generation)
