@@ -427,8 +427,13 @@ def load_effective_config(run_dir: str | os.PathLike) -> TrainConfig:
 
 
 def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:
-    """KataGo's window of the newest positions out of ``total``: all of them up to ``floor``, then
-    ``floor + beta * (total^alpha - floor^alpha) / (alpha * floor^(alpha - 1))``."""
+    """KataGo's window of the newest positions out of ``total``.
+
+    ``W = total`` up to ``floor``, then
+    ``W = floor + beta * (total^alpha - floor^alpha) / (alpha * floor^(alpha - 1))``.
+    The window's slope at ``floor`` is ``beta``, and it grows as ``total^alpha``
+    after: the net trains on recent data without forgetting too fast.
+    """
     if floor < 1:
         raise ValueError(f"the window's floor must be >= 1 position, got {floor}")
     if not (0 < alpha < 1) or beta <= 0:
@@ -440,7 +445,11 @@ def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.
 
 
 def is_validation(name: str, percent: float) -> bool:
-    """Whether chunk ``name`` is held out: its sha256 falls in the first ``percent`` of the range."""
+    """Whether chunk ``name`` is held out: its sha256 falls in the first ``percent`` of the range.
+
+    A hash of the name (as KataGo splits by file name), so every process and
+    every run agrees without storing the split.
+    """
     if percent <= 0:
         return False
     import hashlib

@@ -35,6 +35,7 @@ from trainer import usable_cores
 from trainer.atomic import append_jsonl, read_jsonl
 from trainer.gating import engine_spec
 from trainer.learner import GENERATIONS_FILE
+from trainer.report import read_evaluations  # noqa: F401 - one reader, torch-free (status uses it)
 
 __all__ = ["EVALUATION_FILE", "OPPONENTS", "evaluate_run", "generations_to_evaluate", "random_mover_spec",
            "read_evaluations"]
@@ -57,26 +58,6 @@ def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value + 0.0  # a float, never -0.0
-
-
-def read_evaluations(run_dir: str | os.PathLike) -> list[dict]:
-    """The well-formed lines of ``RUN/evaluation.jsonl``, in file order: a torn, garbled or
-    incomplete line is skipped (another process may be appending); numbers that are not finite
-    read as None."""
-    try:
-        records = read_jsonl(os.path.join(os.fspath(run_dir), EVALUATION_FILE))
-    except (OSError, ValueError):
-        return []
-    rows = []
-    for r in records:
-        row = {"generation": _int(r.get("generation")), "opponent": r.get("opponent"),
-               **{k: _int(r.get(k)) for k in ("wins", "draws", "losses", "games", "nodes")},
-               **{k: _number(r.get(k)) for k in ("score", "elo", "elo_error", "time")}}
-        if (row["generation"] is None or row["opponent"] not in OPPONENTS or row["nodes"] is None
-                or None in (row["wins"], row["draws"], row["losses"], row["games"])):
-            continue
-        rows.append(row)
-    return rows
 
 
 def generations_to_evaluate(run_dir: str | os.PathLike, every: int = 1) -> list[tuple[int, str]]:

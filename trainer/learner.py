@@ -59,6 +59,7 @@ from trainer.config import (
     from_dict, load_config, model_differences, named_config_path, to_toml,
 )
 from trainer.model import Net, NetConfig, NetOutput, build_net
+from trainer.report import list_checkpoints  # noqa: F401 - torch-free, so status lists them too
 
 __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "check_cuda", "net_config", "compute_losses", "policy_cross_entropy",
@@ -451,21 +452,6 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int) -> str:
 
 def network_path(run_dir: str | os.PathLike, generation: int) -> str:
     return os.path.join(os.fspath(run_dir), NETWORK_DIR, f"gen-{generation:05d}.onnx")
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, str]]:
-    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first."""
-    folder = os.path.join(os.fspath(run_dir), CHECKPOINT_DIR)
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        match = re.fullmatch(r"step-(\d{8,})\.pt", name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(folder, name)))
-    return sorted(found)
 
 
 _CHECKPOINT_KEYS = ("format", "step", "generation", "config", "train_config", "model", "optimizer", "sampler")

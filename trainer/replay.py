@@ -40,7 +40,6 @@ import dataclasses
 import errno
 import fcntl
 import gzip
-import hashlib
 import io
 import json
 import logging
@@ -67,7 +66,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from engine.encoding import POLICY_SIZE
 from engine.files import atomic_open, fsync_dir
 from trainer.atomic import read_jsonl
-from trainer.config import ReplayConfig
+from trainer.config import ReplayConfig, is_validation, window_size  # noqa: F401 - re-exported
 from trainer.records import (
     INPUT_PLANES,
     RECORD_BYTES,
@@ -441,36 +440,7 @@ class ChunkWriter:
 
 
 # -- the window ----------------------------------------------------------------------------
-
-
-def is_validation(name: str, percent: float) -> bool:
-    """Whether chunk ``name`` is held out: its sha256 falls in the first ``percent`` of the range.
-
-    A hash of the name (as KataGo splits by file name), so every process and
-    every run agrees without storing the split.
-    """
-    if percent <= 0:
-        return False
-    value = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
-    return value < percent / 100.0 * 2.0**64
-
-
-def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:
-    """KataGo's window of the newest positions out of ``total``.
-
-    ``W = total`` up to ``floor``, then
-    ``W = floor + beta * (total^alpha - floor^alpha) / (alpha * floor^(alpha - 1))``.
-    The window's slope at ``floor`` is ``beta``, and it grows as ``total^alpha``
-    after: the net trains on recent data without forgetting too fast.
-    """
-    if floor < 1:
-        raise ValueError(f"the window's floor must be >= 1 position, got {floor}")
-    if not (0 < alpha < 1) or beta <= 0:
-        raise ValueError(f"need 0 < alpha < 1 and beta > 0, got alpha={alpha}, beta={beta}")
-    if total <= floor:
-        return max(0, int(total))
-    w = floor + beta * (total**alpha - floor**alpha) / (alpha * floor ** (alpha - 1))
-    return min(int(total), int(w))
+# is_validation and window_size live in trainer.config (status reads them without torch).
 
 
 #: The window's settings (floor, alpha, beta, max_samples_per_position, val_percent) are the

@@ -214,9 +214,9 @@ def read_manifest(run_dir: str) -> list[Chunk]:
     return list(live.values())
 
 
-def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
-    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first (as trainer.learner lists them)."""
-    folder = os.path.join(run_dir, CHECKPOINT_DIR)
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first (the learner's too)."""
+    folder = os.path.join(os.fspath(run_dir), CHECKPOINT_DIR)
     try:
         names = os.listdir(folder)
     except OSError:
@@ -230,7 +230,9 @@ def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
 
 
 def read_evaluations(run_dir: str) -> list[dict]:
-    """The well-formed lines of RUN/evaluation.jsonl (as trainer.evaluate.read_evaluations reads them)."""
+    """The well-formed lines of ``RUN/evaluation.jsonl``, in file order: a torn, garbled or
+    incomplete line is skipped (another process may be appending); numbers that are not finite
+    read as None. (``trainer.evaluate`` writes them and reads them back with this.)"""
     rows = []
     for r in _lines(os.path.join(run_dir, EVALUATION_FILE)):
         row = {"generation": _int(r.get("generation")), "opponent": r.get("opponent"),
