@@ -100,6 +100,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             lines = f.readlines()
     except FileNotFoundError:
         return []
+    return json_objects(lines)
+
+
+def json_objects(lines) -> list[dict]:
+    """The lines (str or bytes) that are whole JSON objects; any other line is skipped."""
     records = []
     for line in lines:
         try:
@@ -114,5 +119,5 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 __all__ = [
     "SHA256_SUFFIX", "fsync_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text",
     "sha256_bytes", "sha256_file", "sha256_path", "write_sha256", "read_sha256", "verify_sha256",
-    "atomic_write_with_sha256", "append_jsonl", "read_jsonl",
+    "atomic_write_with_sha256", "append_jsonl", "read_jsonl", "json_objects",
 ]

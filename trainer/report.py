@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from trainer.atomic import atomic_open
+from trainer.atomic import atomic_open, json_objects
 from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
 )
@@ -102,19 +102,7 @@ def _lines(path: str) -> list[dict]:
             data = f.read()
     except OSError:
         return []
-    return _objects(data.split(b"\n"))
-
-
-def _objects(lines) -> list[dict]:
-    out = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
+    return json_objects(data.split(b"\n"))
 
 
 def _last_lines(path: str, n: int = 2, tail: int = 1 << 16) -> list[dict]:
@@ -130,7 +118,7 @@ def _last_lines(path: str, n: int = 2, tail: int = 1 << 16) -> list[dict]:
                 lines = data.split(b"\n")
                 if start > 0:
                     lines = lines[1:]  # the first may be the end of a line cut by the seek
-                found = _objects(lines)
+                found = json_objects(lines)
                 if len(found) >= n or start == 0:
                     return found[-n:]
                 tail *= 4
