@@ -247,6 +247,19 @@ def test_bad_game_count_is_refused(network):
 # --------------------------------------------------------------------------- short games
 
 
+def play_short_games(network) -> list:
+    """64 short games (``tiny(max_plies=30)``, 8 steps), checked as played: the settings of the GPU
+    test, under which a game can finish with no full search."""
+    settings = tiny(max_plies=30)
+    selfplay = SelfPlay(network, settings, games=64)
+    try:
+        games = play(selfplay, 8)
+    finally:
+        selfplay.close()
+    check_games_as_played(games, settings)
+    return games
+
+
 def check_games_as_played(games: list[FinishedGame], settings: SelfPlaySettings) -> None:
     """What is true of every finished game, short ones included: a legal PGN and a result; one record
     per full search, so anything from none up to one per searched ply, about ``full_search_prob`` of
@@ -266,13 +279,7 @@ def test_a_short_game_can_finish_without_a_record(network):
     has no record with probability (1 - full_search_prob) ** n. Such a game is still a finished game
     (result, PGN), with an empty record array. These are the GPU test's settings and seed: game 49 of
     the 64 (28 searched plies, all fast) is one, on the CPU as on the GPU."""
-    settings = tiny(max_plies=30)
-    selfplay = SelfPlay(network, settings, games=64)
-    try:
-        games = play(selfplay, 8)
-    finally:
-        selfplay.close()
-    check_games_as_played(games, settings)
+    games = play_short_games(network)
     empty = [g for g in games if len(g.records) == 0]
     assert empty, "seed 7 plays a game with no full search"
     for game in empty:
@@ -320,10 +327,4 @@ def test_selfplay_on_the_gpu_plays_the_same_kind_of_games(backend, provider):
     gpu = Network(default_weights_path(), backend=backend)
     if gpu.provider != provider:
         pytest.skip(f"{backend}: ONNX Runtime fell back to {gpu.provider} here")
-    settings = tiny(max_plies=30)
-    selfplay = SelfPlay(gpu, settings, games=64)
-    try:
-        games = play(selfplay, 8)
-    finally:
-        selfplay.close()
-    check_games_as_played(games, settings)
+    play_short_games(gpu)

@@ -202,12 +202,18 @@ def _tests(folder: str) -> list[Row]:
     return table.rows
 
 
+def _nonempty(data: dict, key: str, name: str) -> dict:
+    """``data[key]``, a dict with something in it, or _Missing saying why not."""
+    value = _get(data, [key], name)
+    if not isinstance(value, dict) or not value:
+        raise _Missing(f"{key} in {name} is empty")
+    return value
+
+
 def _nn(data: dict, name: str, table: _Table) -> None:
     _provider_row(table, data, name)
     try:
-        variants = _get(data, ["variants"], name)
-        if not isinstance(variants, dict) or not variants:
-            raise _Missing(f"variants in {name} is empty")
+        variants = _nonempty(data, "variants", name)
     except _Missing as e:
         table.missing("positions/s", str(e))
         return
@@ -232,9 +238,7 @@ def _selfplay(data: dict, name: str, table: _Table, defaults: bool) -> None:
         table.missing("device", str(e), "cuda:N")
     table.add("efficiency (self-play / raw)", ["efficiency"], _share, 0.85, ">= 85%")
     try:
-        runs = _get(data, ["runs"], name)
-        if not isinstance(runs, dict) or not runs:
-            raise _Missing(f"runs in {name} is empty")
+        runs = _nonempty(data, "runs", name)
     except _Missing as e:
         table.missing("runs", str(e))
         return
