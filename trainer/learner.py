@@ -1226,8 +1226,13 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = _run_rank(local, world, local, launch, lines.put, stop_signals=(signal.SIGTERM,))
-    if code:
-        sys.exit(code)
+    # The rank's work is done, its checkpoint written and its process group destroyed; its log
+    # lines are in the pipe (a SimpleQueue writes as it puts). End here rather than in the
+    # interpreter's teardown, where a native thread still joinable has aborted a finished rank
+    # ("terminate called without an active exception", SIGABRT), failing a run that had succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 @contextlib.contextmanager
