@@ -344,11 +344,26 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
 
 
 def _selfplay_child(job: dict, barrier: Any, results: Any) -> None:
+    _exit_with_parent(os.getppid())
     try:
         results.put(_selfplay_job(job, barrier))
     except BaseException as e:  # reported by the parent as one line
         barrier.abort()
         results.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A measuring process ends itself when the bench that started it is gone (stopped or killed):
+    left waiting on the barrier for the others, it held the bench's stdout open for good."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run_together(jobs: list[dict]) -> list[dict]:
