@@ -967,7 +967,8 @@ cdef class Tree:
         cdef list line = []
         cdef Move moves[MAX_MOVES]
         cdef Node* node
-        cdef int n, i
+        cdef int n, i, edge
+        cdef uint32_t child
         while len(line) < max_length:
             node = &self.core.nodes[ni]
             if ni != self.core.root and node.flags & NODE_PROVEN and not node.flags & (NODE_EXPANDED | NODE_TERMINAL) \
@@ -979,24 +980,29 @@ cdef class Tree:
                         line.append(_uci_of(&pos, moves[i]))
                         break
                 break
-            children = self._children(ni, pos)
-            if not children:
+            if not (node.flags & NODE_EXPANDED) or node.num_edges == 0:
                 break
-            pick = None
+            edge = -1
             if first is not None and not line:
-                for c in children:
-                    if c["move"] == first:
-                        pick = c
+                for i in range(node.num_edges):
+                    if _uci_of(&pos, self.core.edges[node.edges + i].move) == first:
+                        edge = i
                         break
-            elif children[0]["n"] > 0 or children[0]["proven"] is not None:
-                pick = children[0]
-            if pick is None:
+            else:
+                # The first of root_children()'s order, found without building it (a pv is
+                # asked for on every info line and on stop).
+                edge = _best_edge(&self.core, ni)
+                child = _child_of(&self.core, ni, edge)
+                if child == 0 or not (self.core.nodes[child].n > 0
+                                      or self.core.nodes[child].flags & NODE_PROVEN):
+                    edge = -1
+            if edge < 0:
                 break
-            line.append(pick["move"])
-            child = _child_of(&self.core, ni, pick["edge"])
+            line.append(_uci_of(&pos, self.core.edges[node.edges + edge].move))
+            child = _child_of(&self.core, ni, edge)
             if child == 0:
                 break
-            make_move(&pos, self.core.edges[self.core.nodes[ni].edges + <int>pick["edge"]].move, &u)
+            make_move(&pos, self.core.edges[node.edges + edge].move, &u)
             ni = child
         return line
 
@@ -1034,6 +1040,56 @@ cdef str _uci_of(const Pos* p, Move m):
     cdef char buf[8]
     cdef int n = move_to_uci(p, m, buf)
     return buf[:n].decode("ascii")
+
+
+cdef int _rank_group(const Node* c) noexcept nogil:
+    """_child_rank's first key for a created child: 0 proven win, 1 open or drawn, 3 proven loss."""
+    if c.flags & NODE_PROVEN:
+        if c.bound == 1:
+            return 0
+        if c.bound == -1:
+            return 3
+    return 1
+
+
+cdef int _best_edge(TreeCore* t, uint32_t ni) noexcept nogil:
+    """The edge that heads root_children()'s order at node ``ni`` (``_child_rank``, ties to the
+    earlier edge, as the stable sort keeps them), or -1 for a node without edges."""
+    cdef Node* node = &t.nodes[ni]
+    cdef uint32_t ci = node.child
+    cdef Node* c
+    cdef int i, best = -1, group, best_group = 9
+    cdef double m, best_m = 0.0, q, best_q = 0.0
+    cdef uint32_t n, best_n = 0
+    cdef bint better
+    for i in range(node.num_edges):
+        group = 1
+        n = 0
+        q = -2.0
+        m = 0.0
+        if ci and t.nodes[ci].edge_idx == i:
+            c = &t.nodes[ci]
+            ci = c.sibling
+            group = _rank_group(c)
+            n = c.n
+            if c.flags & NODE_PROVEN:
+                q = c.bound
+                m = c.m >> 4
+            elif c.n:
+                q = c.wl
+        if best < 0 or group < best_group:
+            better = True
+        elif group > best_group:
+            better = False
+        elif group == 0:
+            better = m < best_m
+        elif group == 3:
+            better = m > best_m
+        else:
+            better = n > best_n or (n == best_n and q > best_q)
+        if better:
+            best, best_group, best_m, best_n, best_q = i, group, m, n, q
+    return best
 
 
 def _child_rank(c):

@@ -1155,8 +1155,7 @@ class Searcher:
         # The final info's first line is the move played (it differs from the most visited
         # move when Temperature > 0), so that its pv[0] is the bestmove.
         info = self.info(first=best) if has_info else None
-        # The pv once: the final info's first line has it (a tree's pv costs ~10 us a ply, and
-        # stop waits for it).
+        # The pv once: the final info's first line has it (stop waits for this).
         pv = info.lines[0].pv if info is not None and info.lines and info.lines[0].move == best \
             else self.tree.pv(best)
         q, d = self.tree.root_q

@@ -289,6 +289,39 @@ def test_mate_in_two_pv_is_a_legal_line_ending_in_mate(fen):
     assert every_reply_mated_within(after, int(top["m"]) // 2)
 
 
+@pytest.mark.parametrize("fen, net, playouts", [
+    (chess.STARTING_FEN, "fake", 2000),
+    (chess.STARTING_FEN, "null", 300),      # every value equal: ties go to the earlier edge
+    (MATE_IN_TWO[0], "fake", 3000),         # proven wins and losses on the way
+    (MATE_IN_TWO[1], "null", 3000),
+    ("r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3", "fake", 600),
+])
+def test_pv_follows_the_best_child_at_every_ply(fen, net, playouts):
+    """tree.pv() walks with a C comparison; at every ply it must name what root_children() ranks
+    first once that node is the root (the order a GUI sees), and stop where that move is unvisited."""
+    evaluate = FakeNet() if net == "fake" else null_eval
+    tree = search(Tree(Board(fen), seed=7), evaluate, playouts)
+    pv = tree.pv()
+    assert pv and pv[0] == tree.best_move()
+    board = Board(fen)
+    for ply, move in enumerate(pv):
+        children = tree.root_children()
+        if not children:       # a node proven by the mate in one found on arrival: pv names the mate
+            ref = chess.Board(board.fen())
+            ref.push_uci(move)
+            assert ply == len(pv) - 1 and ref.is_checkmate()
+            return
+        top = children[0]
+        assert top["move"] == move, f"ply {ply} of {pv}"
+        assert top["n"] > 0 or top["proven"] is not None
+        board = pushed(board, move)
+        if not tree.set_position(board):   # the move has no node: the pv ends with it
+            assert ply == len(pv) - 1
+            return
+    children = tree.root_children()
+    assert len(pv) == 64 or not children or (children[0]["n"] == 0 and children[0]["proven"] is None)
+
+
 # After 36...Ke6 of a game the bundled network lost to Stockfish at 10+0.1: 27 of White's
 # 41 moves let Black mate at once, and a search of about 200 nodes played 37.Rb8?? Qh1#.
 ALLOWS_MATE = "8/1R2rp2/2p1k1p1/P1P1p3/3Pq2r/6Q1/5P2/1R4K1 w - - 2 37"

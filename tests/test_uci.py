@@ -97,6 +97,18 @@ def test_uci_handshake_names_engine_and_every_option():
         eng.close()
 
 
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 1), (3, 2), (8, 4), (64, 4)])
+def test_default_threads_leave_a_core_for_the_search_and_the_reader(monkeypatch, cores, threads):
+    """ONNX Runtime gets one core fewer than the process may run on (a tournament manager's
+    pinning counts, not the machine's cores), so that stop is read and answered at once."""
+    import uci.options as options
+
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 128)
+    declared = {opt.name: opt for opt in options.engine_options()}
+    assert declared["Threads"].default == threads
+
+
 def test_importing_the_front_end_loads_nothing_heavy():
     code = ("import sys, uci.session, uci.__main__, uci.cli; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
