@@ -122,13 +122,15 @@ setup(
         "chess",
         "pyzmq",
         "msgpack",
+        # engine.lc0 builds an lc0 weights file's graph with it (imported only for such a file).
+        "onnx",
         f"onnxruntime-gpu; {ORT_GPU}",
         f"onnxruntime; {ORT_CPU}",
     ],
     extras_require={
         # torch itself: install the pin you want first (see the Makefile's TORCH);
         # onnxscript is imported by torch.onnx.export's default (dynamo) exporter.
-        "train": ["torch", "onnx", "onnxscript", "tqdm", "matplotlib", "tensorboard"],
+        "train": ["torch", "onnxscript", "tqdm", "matplotlib", "tensorboard"],
         # mypy >= 1.18 understands @disjoint_base, which the engine/*.pyi stubs use (tests/test_stubs.py).
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "mypy>=1.18"],
     },

@@ -88,6 +88,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from engine.encoding import PLANES, POLICY_SIZE
+from engine.lc0 import is_lc0_file
 from engine.sessions import (
     BACKENDS,
     CPU,
@@ -170,8 +171,9 @@ class Network:
     Parameters
     ----------
     path
-        The ``.onnx`` file.  It is read once; its sha256 is computed from the
-        same bytes the session is built from.
+        The ``.onnx`` file, or an lc0 weights file (``.pb.gz``, ``.pb``: see
+        :mod:`engine.lc0`).  It is read once; its sha256 is computed from the
+        same bytes the session is built from (an lc0 file's own bytes).
     backend
         ``"auto"`` (TensorRT, then CUDA, then CPU: the first that works),
         ``"cpu"``, ``"cuda"`` or ``"tensorrt"``.  A GPU backend that cannot be
@@ -303,6 +305,7 @@ class Network:
         self.description = (
             f"{self.name} sha256:{self.sha256[:12]} {LABEL.get(self.provider, self.provider)} "
             f"{self.variant}{' ' + size if size else ''}, {np.dtype(self.input_dtype).name} io{sizes}"
+            + (f"; {self.lc0_description}" if self.lc0_description else "")
         )
         self._warm_up(warmup_batch)
 
@@ -312,14 +315,14 @@ class Network:
         if not os.path.exists(self.path):
             raise NetworkError(f"network file not found: {self.path}")
         if os.path.isdir(self.path):
-            raise NetworkError(f"network path is a directory, not an .onnx file: {self.path}")
+            raise NetworkError(f"network path is a directory, not a network file: {self.path}")
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
         except OSError as e:
             raise NetworkError(f"cannot read network file {self.path}: {e.strerror or e}") from None
         if not data:
-            raise NetworkError(f"{self.name}: the file is empty, not an ONNX model")
+            raise NetworkError(f"{self.name}: the file is empty, not a network")
         self.sha256 = hashlib.sha256(data).hexdigest()
         if expected_sha256 is not None:
             words = str(expected_sha256).split()
@@ -329,6 +332,18 @@ class Network:
                     f"{self.name}: sha256 mismatch: expected {expected or '(empty)'}, "
                     f"the file has {self.sha256}"
                 )
+        self.lc0_description = ""
+        if is_lc0_file(self.path) or data[:2] == b"\x1f\x8b":   # ONNX files are never gzipped
+            # An lc0 weights file: the graph is built from it in memory (the sha256 stays the
+            # file's, so hot-swap and the trainer's contract treat it like any network file).
+            from engine.lc0 import Lc0Error, lc0_to_onnx, read_lc0
+
+            try:
+                lc0 = read_lc0(data, self.name)
+                data = lc0_to_onnx(lc0)
+            except Lc0Error as e:
+                raise NetworkError(str(e)) from None
+            self.lc0_description = lc0.description
         return data
 
     def _make_sessions(self, data: bytes) -> dict[int, object]:

@@ -92,12 +92,12 @@ def resolve_weights(value: str | os.PathLike | None) -> str:
     if path == default_weights_path() and not os.path.isfile(path):
         raise WeightsError(
             f"the bundled network is missing: {path} (an incomplete install? reinstall cyzero, "
-            f"or set WeightsFile to an .onnx network)"
+            f"or set WeightsFile to an .onnx or lc0 .pb.gz network)"
         )
     if not os.path.exists(path):
         raise WeightsError(f"WeightsFile not found: {path}")
     if os.path.isdir(path):
-        raise WeightsError(f"WeightsFile is a directory, not an .onnx file: {path}")
+        raise WeightsError(f"WeightsFile is a directory, not a network file: {path}")
     return path
 
 

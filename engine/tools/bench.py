@@ -563,6 +563,11 @@ def _cuda_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
+def _width(label: str) -> int:
+    """Column width for ``label``'s positions/s in bench nn's table."""
+    return max(16, len(label) + 8)
+
+
 def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     """[(label, path)] to time: the bundled variants that exist, or the --net files (label None)."""
     if args.net:
@@ -621,12 +626,14 @@ def bench_nn(args: argparse.Namespace) -> int:
             )
         except NetworkError as e:
             raise BenchError(str(e)) from None
-        if label is None:  # a --net file: its variant (fp32, fp16, int8), else its file name
-            taken = {used for used, _ in networks}
-            label = net.variant if net.variant not in taken else os.path.basename(path)
-            while label in taken:
-                label += "'"
         networks.append((label, net))
+    if networks[0][0] is None:
+        # --net files: by variant (fp32, fp16, int8) where those tell them apart, else by file name
+        variants = [net.variant for _, net in networks]
+        names = variants if len(set(variants)) == len(variants) else \
+            [os.path.basename(net.path) for _, net in networks]
+        networks = [(name + "'" * names[:i].count(name), net)
+                    for i, (name, (_, net)) in enumerate(zip(names, networks))]
 
     planes_all, inputs = _nn_inputs(max_batch)
     outputs = (
@@ -643,9 +650,11 @@ def bench_nn(args: argparse.Namespace) -> int:
         for label, net in networks:
             print(f"  {label:<6} {net.description}")
         print()
-        header = f"{'batch':>6}" + "".join(f"{label + ' pos/s':>16}" for label in labels)
+        header = f"{'batch':>6}" + "".join(f"{label + ' pos/s':>{_width(label)}}" for label in labels)
         if has_ratio:
             header += f"{'int8/fp32':>11}"
+        elif len(labels) == 2:   # two files side by side (e.g. an lc0 file and lc0's own export)
+            header += f"{'ratio':>8}"
         print(header, flush=True)
 
     results: dict[str, dict] = {label: {} for label in labels}
@@ -656,10 +665,12 @@ def bench_nn(args: argparse.Namespace) -> int:
             results[label][batch] = measured
         if not args.json:
             row = f"{batch:>6}" + "".join(
-                f"{_fmt_int(results[l][batch]['pps']):>16}" for l in labels
+                f"{_fmt_int(results[l][batch]['pps']):>{_width(l)}}" for l in labels
             )
             if has_ratio:
                 row += f"{results['int8'][batch]['pps'] / results['fp32'][batch]['pps']:>10.2f}x"
+            elif len(labels) == 2:
+                row += f"{results[labels[0]][batch]['pps'] / results[labels[1]][batch]['pps']:>7.2f}x"
             print(row, flush=True)
 
     variants = {}

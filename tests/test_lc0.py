@@ -1,0 +1,143 @@
+"""engine.lc0 against lc0 itself: a real Maia network file, lc0's own ONNX export of it
+(``leela2onnx``) and lc0's own evaluation of it (``go nodes 1``, ``VerboseMoveStats``).
+
+The fixtures live outside the repository (``../shared/fixtures/``, GPL-3.0 Maia weights); each
+test that needs one is skipped, with the reason shown, where it is absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from engine.board import Board
+from engine.encoding import encode_board, encode_position, legal_policy
+from engine.lc0 import CONV_POLICY_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
+from engine.network import Network, NetworkError
+from test_uci_harness import REPO, UciEngine
+
+FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
+MAIA = os.path.join(FIXTURES, "maia-1100.pb.gz")
+MAIA_ONNX = os.path.join(FIXTURES, "maia-1100.leela2onnx.onnx")
+MAIA_LC0 = os.path.join(FIXTURES, "maia-1100.lc0.json")
+
+needs_maia = pytest.mark.skipif(
+    not all(os.path.exists(p) for p in (MAIA, MAIA_ONNX, MAIA_LC0)),
+    reason=f"lc0 fixtures not found in {FIXTURES} (maia-1100.pb.gz and lc0's outputs for it)")
+
+# lc0 names castling king-takes-rook.
+_CASTLING = {"e1h1": "e1g1", "e1a1": "e1c1", "e8h8": "e8g8", "e8a8": "e8c8"}
+
+
+def _lc0_positions() -> list[dict]:
+    with open(MAIA_LC0, encoding="utf-8") as f:
+        return json.load(f)["positions"]
+
+
+@pytest.fixture(scope="module")
+def maia() -> Network:
+    return Network(MAIA, backend="cpu")
+
+
+@needs_maia
+def test_the_conv_policy_map_is_lc0s():
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(MAIA_ONNX)
+    table = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["/const/mapping_table"]
+    assert np.array_equal(table.astype(np.int64), CONV_POLICY_MAP)
+
+
+@needs_maia
+@pytest.mark.parametrize("dtype, policy_tol, wdl_tol", [("float32", 5e-3, 2e-4), ("float16", 0.1, 3e-3)])
+def test_the_graph_equals_lc0s_own_export(dtype, policy_tol, wdl_tol):
+    """Built from the .pb.gz in memory, run on lc0's positions and on random planes (every
+    input plane, rule50 counts included), the outputs are those of lc0's leela2onnx export."""
+    import onnxruntime as ort
+
+    net = read_lc0_file(MAIA)
+    ours = ort.InferenceSession(lc0_to_onnx(net, dtype), providers=["CPUExecutionProvider"])
+    theirs = ort.InferenceSession(MAIA_ONNX, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    noise = (rng.random((6, 112, 8, 8)) < 0.1).astype(np.float32)
+    noise[:, 109] = rng.integers(0, 100, (6, 1, 1))
+    planes = np.concatenate([np.stack([encode_position(p["fen"]) for p in _lc0_positions()]), noise])
+    want = theirs.run(None, {"/input/planes": planes})
+    got = ours.run(None, {"/input/planes": planes.astype(np.float16 if dtype == "float16" else np.float32)})
+    assert np.abs(got[0].astype(np.float32) - want[0]).max() < policy_tol
+    assert np.abs(got[1].astype(np.float32) - want[1]).max() < wdl_tol
+
+
+@needs_maia
+def test_value_and_policy_match_lc0s_own_evaluation(maia):
+    """lc0 evaluated the file itself: V = W - L to 4 decimals, and every legal move's policy
+    share at lc0's temperature 1.359 within 0.07 percentage points (lc0 prints two decimals).
+    Three of the positions have a non-zero rule50 count: the plane is fed raw."""
+    positions = _lc0_positions()
+    assert any(int(p["fen"].split()[4]) > 0 for p in positions)
+    with open(MAIA_LC0, encoding="utf-8") as f:
+        temperature = json.load(f)["policy_temperature"]
+    for p in positions:
+        board = Board(p["fen"])
+        policy, wdl, mlh = maia.evaluate(encode_board(board)[None])
+        assert mlh is None
+        assert abs(float(wdl[0, 0] - wdl[0, 2]) - p["v"]) < 1.5e-4, p["fen"]
+        moves, shares = legal_policy(board, policy[0], temperature)
+        ours = dict(zip(moves, (shares * 100).tolist()))
+        theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in p["moves"].items()}
+        assert set(ours) == set(theirs), p["fen"]
+        assert max(abs(ours[m] - theirs[m]) for m in ours) < 0.07, p["fen"]
+
+
+@needs_maia
+def test_network_reads_the_file_and_describes_it(maia):
+    with open(MAIA, "rb") as f:
+        assert maia.sha256 == hashlib.sha256(f.read()).hexdigest()   # the file's own digest
+    assert maia.lc0_description.startswith("lc0 network 6x64 SE, classical 112-plane input, convolution "
+                                           "policy, WDL value, no moves-left head, ReLU; trained 400000 steps")
+    assert maia.lc0_description in maia.description and "6x64" in maia.description
+    assert not maia.has_mlh
+
+
+@needs_maia
+def test_a_damaged_file_is_refused_with_what_it_is(tmp_path):
+    with open(MAIA, "rb") as f:
+        data = f.read()
+    cases = {
+        "truncated.pb.gz": (data[: len(data) // 2], "corrupt or truncated gzip"),
+        "text.pb": (b"hello, this is not a network\n" * 10, "not an lc0 network file"),
+        "empty.pb.gz": (b"", "empty"),
+    }
+    import gzip
+
+    raw = gzip.decompress(data)
+    cases["cut.pb"] = (raw[: len(raw) // 3], "corrupt or truncated lc0 network file")
+    with open(os.path.join(REPO, "engine", "nets", "default.onnx"), "rb") as f:
+        cases["onnx.pb"] = (f.read(), "looks like an ONNX model")
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(NetworkError, match=message):
+            Network(str(path), backend="cpu")
+    with pytest.raises(Lc0Error, match="not an lc0 network file"):
+        read_lc0(b"\x08\x01\x12\x03abc", "x.pb")
+
+
+@needs_maia
+def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path):
+    weights = tmp_path / "maia.pb.gz"
+    shutil.copy(MAIA, weights)
+    with UciEngine(options={"WeightsFile": str(weights)}) as eng:
+        eng.send("position startpos moves e2e4")
+        eng.send("go nodes 50")
+        lines = eng.until("bestmove", timeout=60)
+        said = " ".join(text for _, text in eng.lines if text.startswith("info string"))
+        assert "lc0 network 6x64 SE" in said and "maia.pb.gz" in said
+        assert lines[-1].split()[1] not in ("0000", "(none)")
+        assert not eng.bad
