@@ -526,7 +526,6 @@ def lc0_to_onnx(net: Lc0Net, dtype: str = "float32") -> bytes:
     """
     if net.onnx_model is not None:
         return net.onnx_model
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from engine.network import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME

@@ -141,3 +141,112 @@ def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path):
         assert "lc0 network 6x64 SE" in said and "maia.pb.gz" in said
         assert lines[-1].split()[1] not in ("0000", "(none)")
         assert not eng.bad
+
+
+# --------------------------------------------------------------------------- synthetic networks
+# Every member of the classical family, written by an independent writer (tests/lc0_files.py)
+# and run through the reader and the graph, against that writer's NumPy forward pass.
+
+from lc0_files import Lc0Spec, make_lc0, random_planes, reference_forward, truncated, wrap_onnx, \
+    write_bytes, write_lc0, wrong_magic  # noqa: E402
+
+FAMILY = {
+    "conv-policy wdl se": Lc0Spec(se=True),
+    "classical policy, single value": Lc0Spec(policy="classical", value="classical"),
+    "moves-left head, mish": Lc0Spec(se=True, moves_left=True, activation="mish"),
+    "no network_format (oldest files)": Lc0Spec(policy="classical", value="classical", with_format=False),
+    "network SE, old batch norm": Lc0Spec(network=2, se=True, policy="classical", value="classical",
+                                          old_bn=True),
+    "float16 layers": Lc0Spec(encoding="float16", se=True, moves_left=True),
+    "bfloat16 layers": Lc0Spec(encoding="bfloat16", policy="classical"),
+    "float32 layers, no tower": Lc0Spec(encoding="float32", blocks=0),
+}
+
+
+@pytest.mark.parametrize("variant", list(FAMILY))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_every_classical_network_runs_as_its_reference(tmp_path, variant, dtype):
+    spec = FAMILY[variant]
+    path = tmp_path / "net.pb.gz"
+    weights = write_lc0(str(path), spec)
+    planes = random_planes(8, seed=3)
+    want = reference_forward(weights, spec, planes)
+    if dtype == "float32":
+        net = Network(str(path), backend="cpu")
+        got = net.evaluate(planes)
+        assert ("no moves-left head" not in net.lc0_description) == spec.moves_left
+        tol = (2e-4, 2e-5)
+    else:   # the fp16 graph, as a GPU would run it
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(lc0_to_onnx(read_lc0_file(str(path)), "float16"),
+                                       providers=["CPUExecutionProvider"])
+        got = [None if x is None else x.astype(np.float64).reshape(len(planes), -1)
+               for x in session.run(None, {"/input/planes": planes.astype(np.float16)})] + [None]
+        tol = (0.05, 5e-3)
+    assert np.abs(got[0] - want[0]).max() < tol[0]
+    assert np.abs(got[1] - want[1]).max() < tol[1]
+    if spec.moves_left:
+        assert np.abs(np.reshape(got[2], -1) - want[2]).max() < tol[0] * 10
+    elif dtype == "float32":
+        assert got[2] is None
+
+
+REFUSED = {
+    "attention body": (Lc0Spec(attention=True), "attention-body"),
+    "attention fields behind a classical header": (Lc0Spec(attention=True, network=3), "attention-body"),
+    "castling-plane input": (Lc0Spec(input_format=2), "castling plane input \\(format 2\\)"),
+    "canonical input": (Lc0Spec(input_format=3), "canonical input \\(format 3\\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_cannot_run_is_refused_by_name(tmp_path, case):
+    spec, message = REFUSED[case]
+    path = tmp_path / "net.pb.gz"
+    write_lc0(str(path), spec)
+    with pytest.raises(NetworkError, match=message):
+        Network(str(path), backend="cpu")
+
+
+def test_broken_files_are_refused_by_name(tmp_path):
+    data, _ = make_lc0(Lc0Spec())
+    cases = [(truncated(data), "corrupt or truncated lc0 network file"),
+             (wrong_magic(), "not an lc0 network file")]
+    for i, (content, message) in enumerate(cases):
+        path = write_bytes(str(tmp_path / f"broken{i}.pb.gz"), content)
+        with pytest.raises(NetworkError, match=message):
+            Network(path, backend="cpu")
+
+
+def test_an_onnx_model_inside_an_lc0_file_is_unwrapped(tmp_path):
+    bundled = os.path.join(REPO, "engine", "nets", "default.onnx")
+    with open(bundled, "rb") as f:
+        model = f.read()
+    path = write_bytes(str(tmp_path / "wrapped.pb.gz"), wrap_onnx(model))
+    planes = random_planes(4, seed=1)
+    got = Network(path, backend="cpu").evaluate(planes)
+    want = Network(bundled, backend="cpu").evaluate(planes)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_replaced_lc0_file_is_swapped_in_between_moves(tmp_path):
+    """The WeightsFile watcher treats a .pb.gz like an .onnx: a new file is loaded, checked and
+    swapped in before the next search, by its sha256."""
+    weights = tmp_path / "net.pb.gz"
+    write_lc0(str(weights), Lc0Spec(seed=1))
+    with UciEngine(options={"WeightsFile": str(weights)}) as eng:
+        eng.send("position startpos")
+        eng.send("go nodes 20")
+        eng.until("bestmove", timeout=60)
+        write_lc0(str(weights), Lc0Spec(seed=2, se=True))
+        with open(weights, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        deadline = 60.0
+        eng.until(lambda text: digest[:12] in text and "verified" in text, timeout=deadline)
+        eng.send("go nodes 20")
+        lines = eng.until("bestmove", timeout=deadline)
+        switched = [text for text in lines if text.startswith("info string switched to network")]
+        assert switched and digest[:12] in switched[0] and "lc0 network 2x16 SE" in switched[0]
+        assert lines[-1].split()[1] != "0000"
+        assert not eng.bad

@@ -485,7 +485,7 @@ def _add_nn_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="PATH",
-        help="time this .onnx file instead of the bundled variants (repeatable)",
+        help="time this network file (.onnx, or an lc0 .pb.gz) instead of the bundled variants (repeatable)",
     )
 
 
