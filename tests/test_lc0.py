@@ -249,4 +249,12 @@ def test_a_replaced_lc0_file_is_swapped_in_between_moves(tmp_path):
         switched = [text for text in lines if text.startswith("info string switched to network")]
         assert switched and digest[:12] in switched[0] and "lc0 network 2x16 SE" in switched[0]
         assert lines[-1].split()[1] != "0000"
+        # A damaged file in its place is refused by name, and the network in use is kept.
+        with open(weights, "rb") as f:
+            write_bytes(str(weights), truncated(f.read()), gz=False)
+        eng.until(lambda text: "refused network" in text and "corrupt or truncated" in text
+                  and digest[:12] in text, timeout=deadline)
+        eng.send("go nodes 20")
+        lines = eng.until("bestmove", timeout=deadline)
+        assert lines[-1].split()[1] != "0000" and not any("switched" in text for text in lines)
         assert not eng.bad
