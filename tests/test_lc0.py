@@ -258,3 +258,21 @@ def test_a_replaced_lc0_file_is_swapped_in_between_moves(tmp_path):
         lines = eng.until("bestmove", timeout=deadline)
         assert lines[-1].split()[1] != "0000" and not any("switched" in text for text in lines)
         assert not eng.bad
+
+
+def test_an_lc0_file_on_a_gpu_gets_one_session_per_fixed_size(tmp_path):
+    """On the GPU stand-in (engine.tools.gpu_standin, which simulates the arithmetic), the graph
+    built from a .pb.gz takes the GPU path: its batch dimension is fixed by name for each size,
+    every size is warmed at load, and a batch is padded to the next size."""
+    from engine.tools.gpu_standin import SimulatedGPU, simulated_network
+
+    path = tmp_path / "net.pb.gz"
+    write_lc0(str(path), Lc0Spec(se=True, moves_left=True))
+    gpu = SimulatedGPU(new_shape_s=0.002)
+    net, _ = simulated_network(str(path), gpu=gpu, max_batch=8)
+    assert net.batch_sizes == (1, 2, 4, 8)
+    assert all(len(session.shapes) == 1 for session in gpu.sessions)
+    calls = len(gpu.calls)
+    policy, wdl, mlh = net.evaluate(random_planes(5, seed=2))
+    assert [c.size for c in gpu.calls[calls:]] == [8]
+    assert policy.shape == (5, 1858) and wdl.shape == (5, 3) and mlh.shape == (5,)
