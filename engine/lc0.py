@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import POLICY_INDEX, POLICY_SIZE
 
 __all__ = [
@@ -486,8 +487,6 @@ def _read(net: dict, name: str) -> Lc0Net:
 def _onnx_inside(net: dict, fmt: dict, name: str, training: dict, license: str,
                  min_version: str) -> Lc0Net:
     """A NETWORK_ONNX file: lc0's own graph, used as it is when it speaks the contract."""
-    from engine.network import INPUT_NAME, POLICY_NAME, WDL_NAME
-
     model = _message(net, 11)
     if model is None or not _last(model, 1):
         raise Lc0Error(f"{name}: an lc0 file that says it holds an ONNX model but has none")
@@ -527,8 +526,6 @@ def lc0_to_onnx(net: Lc0Net, dtype: str = "float32") -> bytes:
     if net.onnx_model is not None:
         return net.onnx_model
     from onnx import TensorProto, helper, numpy_helper
-
-    from engine.network import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")

@@ -87,6 +87,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import PLANES, POLICY_SIZE
 from engine.lc0 import is_lc0_file
 from engine.sessions import (
@@ -119,12 +120,6 @@ __all__ = [
     "NetworkError",
 ]
 
-# The contract's tensor names, defined here once (trainer.export writes them); its sizes
-# come from the encoder that fills the input and reads the policy.
-INPUT_NAME = "/input/planes"
-POLICY_NAME = "/output/policy"
-WDL_NAME = "/output/wdl"
-MLH_NAME = "/output/mlh"
 INPUT_SHAPE = (PLANES, 8, 8)  # after the batch dimension
 
 # The largest batch a network runs at once unless told otherwise.
