@@ -37,7 +37,8 @@ def _build_parser() -> argparse.ArgumentParser:
             "Export a network to ONNX files OUT/NAME.onnx (fp32), NAME.fp16.onnx and NAME.int8.onnx, "
             "each with a .sha256 side file, written atomically. Each variant is compared with "
             "PyTorch on positions from random games first; one outside its bounds is not written "
-            "(exit status 1). Without --checkpoint the network is freshly initialised from --seed."
+            "(exit status 1). Without --checkpoint the network is freshly initialised from --seed; "
+            "with --from-lc0 it is rebuilt from an lc0 weights file and first compared with lc0's own graph."
         ),
     )
     exp.add_argument("--config", default=None,
@@ -47,6 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--checkpoint", metavar="PATH",
                      help="torch checkpoint: {'config': NetConfig fields, 'model': state_dict}, "
                           "or a bare state dict together with --config")
+    exp.add_argument("--from-lc0", metavar="FILE",
+                     help="an lc0 weights file (.pb.gz, .pb) of the classical residual family: the network is "
+                          "rebuilt in PyTorch from it (its shape from the file) and must match lc0's graph "
+                          "on the check positions before anything is written")
     exp.add_argument("--weights", choices=("auto", "raw", "average"), default="auto",
                      help="a learner checkpoint's raw weights or its averaged ones (EMA/SWA); auto "
                           "(default): the ones the learner exported for that step (RUN/generations.jsonl), "
@@ -86,6 +91,10 @@ def _build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--follow", action="store_true",
                        help="wait for new data instead of stopping when the sampling cap is reached")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
+    learn.add_argument("--init-from", metavar="FILE", default=None,
+                       help="a new run starts from this network: an lc0 weights file (.pb.gz, .pb) or a cyzero "
+                            "checkpoint; its shape replaces the config's [model] (train.init_from); ignored "
+                            "when the run already has a checkpoint")
 
     boot = sub.add_parser(
         "bootstrap",
@@ -171,6 +180,10 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(engine.tools.gpu_standin) instead of a GPU: the GPU path without one")
     run.add_argument("--learner-devices", default=None,
                      help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices)")
+    run.add_argument("--init-from", metavar="FILE", default=None,
+                     help="a new run starts from this network (generation 0): an lc0 weights file (.pb.gz, .pb) "
+                          "or a cyzero checkpoint; its shape replaces the config's [model] (train.init_from); "
+                          "ignored when the run already has a checkpoint")
 
     worker = sub.add_parser(
         "worker", help="self-play into a running daemon, from this or another machine",
@@ -318,6 +331,8 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"--variants: unknown {', '.join(bad) or '(none given)'}; choose from {','.join(VARIANTS)}")
     if args.positions < 1:
         parser.error("--positions must be at least 1")
+    if args.from_lc0:
+        return _export_from_lc0(args, parser, variants)
     try:
         overrides = {}
         if args.no_mlh:
@@ -362,13 +377,69 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 
+def _export_from_lc0(args: argparse.Namespace, parser: argparse.ArgumentParser, variants: list[str]) -> int:
+    """``export --from-lc0 FILE``: the PyTorch network rebuilt from an lc0 file, checked against lc0's
+    own graph (:func:`trainer.lc0_import.check_against_lc0`), then exported like any network."""
+    import numpy as np
+
+    from engine.lc0 import read_lc0_file
+    from trainer.export import ExportParityError, export_variants, sample_positions
+    from trainer.lc0_import import Lc0ParityError, check_against_lc0, net_from_lc0
+
+    clash = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--config", args.config),
+                                      ("--no-mlh", args.no_mlh), ("--se-ratio", args.se_ratio is not None))
+             if given]
+    if clash:
+        parser.error(f"--from-lc0 takes the network from the file: leave out {', '.join(clash)}")
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        lc0net = read_lc0_file(args.from_lc0)
+        net = net_from_lc0(lc0net)
+        calibration = np.load(args.calibration, allow_pickle=False) if args.calibration else None
+        print(f"lc0 file {args.from_lc0}: {lc0net.description}", file=out, flush=True)
+        planes, masks = sample_positions(args.positions, seed=args.seed + 1)  # export's own check positions
+        numbers = check_against_lc0(net, lc0net, planes, masks)
+    except Lc0ParityError as exc:
+        print(f"cyzero-train export: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        print(f"cyzero-train export: error: {exc}", file=sys.stderr)
+        return 2
+    mlh = "" if numbers["mlh_max_abs_diff"] is None else f", mlh {numbers['mlh_max_abs_diff']:.2e}"
+    print(f"torch vs lc0's graph over {numbers['positions']} positions: policy {numbers['policy_max_abs_diff']:.2e} "
+          f"(logit scale {numbers['policy_scale']:.2f}), wdl {numbers['wdl_max_abs_diff']:.2e}{mlh}; "
+          f"best legal move agrees {100 * numbers['policy_argmax_agreement']:.1f}%", file=out, flush=True)
+    if not args.json:
+        print(f"exporting {net.config.name} ({net.num_parameters():,} parameters, from {args.from_lc0}) "
+              f"to {args.out}", file=sys.stderr, flush=True)
+
+    def show(report):
+        if not args.json:
+            print(report.summary(), flush=True)
+
+    try:
+        reports = export_variants(
+            net, args.out, stem=args.name, variants=variants, calibration_planes=calibration,
+            seed=args.seed, check_positions=args.positions, on_report=show,
+        )
+    except ExportParityError as exc:
+        print(f"cyzero-train export: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        print(f"cyzero-train export: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    return 0
+
+
 def learn_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from trainer.learner import learn
 
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
     return learn(args.run_dir, devices=args.devices, steps=args.steps, config_path=args.config,
-                 follow=args.follow, progress=not args.no_progress)
+                 follow=args.follow, progress=not args.no_progress, init_from=args.init_from)
 
 
 def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -481,7 +552,7 @@ def run_main(args: argparse.Namespace) -> int:
 
     return run_daemon(args.run_dir, config=args.config, devices=args.devices,
                       workers_per_device=args.workers_per_device, learner_devices=args.learner_devices,
-                      simulate_gpu=args.simulate_gpu)
+                      simulate_gpu=args.simulate_gpu, init_from=args.init_from)
 
 
 def worker_main(args: argparse.Namespace) -> int:

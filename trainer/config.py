@@ -64,6 +64,17 @@ class ModelConfig:
     policy_head: str = _f("conv", "policy head: conv (lc0's 73-plane conv head) or fc (1x1 conv + linear)",
                           choices=("conv", "fc"))
     moves_left: bool = _f(True, "train and export the moves-left head (/output/mlh)")
+    se: bool = _f(True, "a squeeze-excitation unit in every residual block (false: plain residual blocks, "
+                  "as some lc0 nets)")
+    activation: str = _f("relu", "the activation of every hidden layer: relu, or mish (as some lc0 nets)",
+                         choices=("relu", "mish"))
+    policy_channels: int = _f(32, "fc policy head: channels of its 1x1 convolution", min=1)
+    value_channels: int = _f(32, "value head: channels of its 1x1 convolution", min=1)
+    value_hidden: int = _f(128, "value head: width of its hidden linear layer", min=1)
+    mlh_channels: int = _f(8, "moves-left head: channels of its 1x1 convolution", min=1)
+    mlh_hidden: int = _f(128, "moves-left head: width of its hidden linear layer", min=1)
+    mlh_activation: str = _f("softplus", "moves-left head: its output's activation, softplus or relu (lc0's)",
+                             choices=("softplus", "relu"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +130,9 @@ class TrainingConfig:
     keep_checkpoints: int = _f(5, "newest checkpoints kept; older ones are deleted", min=1)
     clip_grad_norm: float = _f(10.0, "clip the global gradient norm to this (0: no clipping)", min=0.0)
     seed: int = _f(0, "network init and sampling seed", min=0)
+    init_from: str = _f("", "a new run starts from this network: an lc0 weights file (.pb.gz, .pb) or a cyzero "
+                        "checkpoint (.pt), relative to the run directory; its shape replaces the [model] "
+                        "section; ignored once the run has a checkpoint (empty: a freshly initialised network)")
     amp: str = _f("bf16", "mixed precision on CUDA: bf16, fp16 (with a gradient scaler) or off; "
                   "the CPU always trains in float32", choices=("bf16", "fp16", "off"))
     average: str = _f("ema", "weight averaging: ema, swa (lc0's running average) or none; the export "
@@ -498,7 +512,8 @@ def markdown_table() -> str:
 
 def model_differences(a: TrainConfig | dict, b: TrainConfig | dict) -> list[str]:
     """The ``[model]`` keys whose values differ (a run's network shape cannot change)."""
-    ma = a.to_dict()["model"] if isinstance(a, TrainConfig) else a["model"]
-    mb = b.to_dict()["model"] if isinstance(b, TrainConfig) else b["model"]
+    defaults = dataclasses.asdict(ModelConfig())  # a key an older config lacks has its default
+    ma = {**defaults, **(a.to_dict()["model"] if isinstance(a, TrainConfig) else a["model"])}
+    mb = {**defaults, **(b.to_dict()["model"] if isinstance(b, TrainConfig) else b["model"])}
     keys = list(dict.fromkeys([*ma, *mb]))
     return [f"model.{k}" for k in keys if ma.get(k) != mb.get(k)]

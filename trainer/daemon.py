@@ -960,16 +960,20 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
                devices: Optional[str] = None, workers_per_device: Optional[int] = None,
                learner_devices: Optional[str] = None, log: Optional[Log] = None,
-               simulate_gpu: bool = False) -> int:
+               simulate_gpu: bool = False, init_from: Optional[str | os.PathLike] = None) -> int:
     """``cyzero-train run``: serve the run until SIGINT/SIGTERM (a second one kills the children at once).
 
+    ``init_from`` (``--init-from``): ``train.init_from``, the network a new run starts from.
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
     run_dir = os.path.abspath(os.fspath(run_dir))
     early = log or _stderr  # until the run is taken, errors create nothing (no RUN/logs)
     log = log or _DaemonLog(run_dir)
     stop = threading.Event()
     try:
-        daemon = Daemon(run_dir, _resolve_config(run_dir, config), devices=devices,
+        resolved = _resolve_config(run_dir, config)
+        if init_from:
+            resolved = resolved.replace(train={"init_from": os.path.abspath(os.path.expanduser(os.fspath(init_from)))})
+        daemon = Daemon(run_dir, resolved, devices=devices,
                         workers_per_device=workers_per_device, learner_devices=learner_devices, log=log,
                         simulate_gpu=simulate_gpu,
                         config_source=named_config_path(config) if config is not None else None)

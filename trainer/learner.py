@@ -55,16 +55,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from trainer.config import (
-    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, OptimizerConfig, TrainConfig, TrainingConfig, default_config,
-    from_dict, load_config, model_differences, named_config_path, to_toml,
+    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig,
+    default_config, from_dict, load_config, model_differences, named_config_path, to_toml,
 )
 from trainer.model import Net, NetConfig, NetOutput, build_net
 from trainer.report import list_checkpoints  # noqa: F401 - torch-free, so status lists them too
 
 __all__: Sequence[str] = [
-    "learn", "Devices", "parse_devices", "check_cuda", "net_config", "compute_losses", "policy_cross_entropy",
-    "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path", "network_path",
-    "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
+    "learn", "Devices", "parse_devices", "check_cuda", "net_config", "model_section", "compute_losses",
+    "policy_cross_entropy", "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path",
+    "network_path", "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
     "GENERATIONS_FILE", "TENSORBOARD_DIR", "PROGRESS_FILE", "initialize_run", "newest_generation", "configure_device",
     "pinned_transfer", "DeviceFeed",
 ]
@@ -150,7 +150,65 @@ def check_cuda(spec: str, ids: Sequence[int] | None, flag: str = "--devices") ->
 def net_config(config: TrainConfig) -> NetConfig:
     """The :class:`NetConfig` the ``[model]`` section describes."""
     m = config.model
-    return NetConfig.from_name(m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left)
+    return NetConfig.from_name(
+        m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left, se=m.se,
+        activation=m.activation, policy_channels=m.policy_channels, value_channels=m.value_channels,
+        value_hidden=m.value_hidden, mlh_channels=m.mlh_channels, mlh_hidden=m.mlh_hidden,
+        mlh_activation=m.mlh_activation)
+
+
+def model_section(config: NetConfig) -> dict[str, Any]:
+    """The ``[model]`` keys that describe ``config`` (:func:`net_config` reads them back)."""
+    return {"net": config.name, "se_ratio": config.se_ratio, "policy_head": config.policy_head,
+            "moves_left": config.moves_left, "se": config.se, "activation": config.activation,
+            "policy_channels": config.policy_channels, "value_channels": config.value_channels,
+            "value_hidden": config.value_hidden, "mlh_channels": config.mlh_channels,
+            "mlh_hidden": config.mlh_hidden, "mlh_activation": config.mlh_activation}
+
+
+# --------------------------------------------------------------------------- init-from
+
+
+def init_from_path(config: TrainConfig, run_dir: str | os.PathLike) -> str:
+    """``train.init_from`` as a path: ``~`` expanded, a relative one taken from the run directory."""
+    path = os.path.expanduser(config.train.init_from)
+    return os.path.abspath(path if os.path.isabs(path) else os.path.join(os.fspath(run_dir), path))
+
+
+_INIT_NETWORKS: dict[tuple, tuple[Net, str]] = {}
+
+
+def _read_init_network(path: str) -> tuple[Net, str]:
+    """:func:`trainer.lc0_import.read_network` of ``path`` (remembered for the file as it is, so
+    the start's checks and the learner that loads it read it once)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"train.init_from: cannot read {path}: {exc.strerror or exc}") from None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _INIT_NETWORKS:
+        from trainer.lc0_import import read_network
+
+        try:
+            found = read_network(path)
+        except ValueError as exc:
+            raise ValueError(f"train.init_from: {exc}") from None
+        _INIT_NETWORKS.clear()
+        _INIT_NETWORKS[key] = found
+    return _INIT_NETWORKS[key]
+
+
+def _apply_init_from(run_dir: str, config: TrainConfig, log: Log) -> TrainConfig:
+    """A new run with ``train.init_from``: ``config`` with the file's network shape as its ``[model]``."""
+    path = init_from_path(config, run_dir)
+    net, description = _read_init_network(path)
+    model = model_section(net.config)
+    before = config.model
+    changed = [f"{key} {json.dumps(getattr(before, key))} -> {json.dumps(value)}" for key, value in model.items()
+               if getattr(before, key) != value]
+    log(f"learner: a new run from {description}; the network's shape comes from the file, not from the "
+        f"config's [model]" + (f" ({', '.join(changed)})" if changed else " (the same shape)"))
+    return config.replace(model=model)
 
 
 def configure_device(device: torch.device) -> None:
@@ -575,6 +633,8 @@ class _Learner:
         self.log = log if rank == 0 else _quiet
         self.net_config = net_config(self.cfg)
         self.net = build_net(self.net_config, seed=self.cfg.train.seed).to(device)
+        if launch.checkpoint is None and self.cfg.train.init_from:
+            self._init_from()
         self.net.train()
         self.optimizer = make_optimizer(self.net, self.cfg.optimizer)
         amp = self.cfg.train.amp if device.type == "cuda" else "off"
@@ -623,6 +683,37 @@ class _Learner:
         return self._stop_vote(self.stop_requested.is_set(), now=now)
 
     # ---------------------------------------------------------------- checkpoints
+
+    def _init_from(self) -> None:
+        """A new run's network from ``train.init_from``: a checkpoint's weights as they are; an lc0
+        file's with its batch norms calibrated on the run's held-out positions (else positions from
+        random games), so that training mode starts from the function the file computes
+        (:func:`trainer.lc0_import.calibrate_batch_norm`; eval mode's outputs do not change)."""
+        from trainer.lc0_import import calibrate_batch_norm, is_lc0_path
+
+        path = init_from_path(self.cfg, self.run_dir)
+        source, _ = _read_init_network(path)
+        if source.config != self.net_config:
+            raise ValueError(f"train.init_from: {path} holds a {source.config.name} network unlike the run's "
+                             f"[model] ({self.net_config.name}); the file changed since the run started?")
+        self.net.load_state_dict(source.state_dict())
+        if not is_lc0_path(path):  # a cyzero checkpoint's batch norms have their statistics already
+            self.log(f"learner: step 0 starts from {path}")
+            return
+        planes = None
+        if self.cfg.replay.validation_positions > 0:
+            from trainer.replay import ReplayStore, validation_batch
+
+            batch = validation_batch(ReplayStore(self.run_dir), self.cfg.replay,
+                                     self.cfg.replay.validation_positions, seed=self.cfg.train.seed)
+            if batch is not None and len(batch.planes):
+                planes = batch.planes.numpy()
+        if planes is None:
+            from trainer.export import sample_positions
+
+            planes, _ = sample_positions(512, seed=self.cfg.train.seed)
+        calibrate_batch_norm(self.net, planes)
+        self.log(f"learner: step 0 starts from {path} (batch norms calibrated on {len(planes)} positions)")
 
     def _load(self, path: str) -> dict:
         data = _read_checkpoint(path, int(os.path.basename(path)[5:-3]))
@@ -1310,21 +1401,33 @@ def _config_or_none(path: str) -> TrainConfig | None:
 
 
 def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log,
-             config: TrainConfig | None = None) -> tuple[TrainConfig, str | None]:
+             config: TrainConfig | None = None, init_from: str | None = None) -> tuple[TrainConfig, str | None]:
     """Config and checkpoint checks made before the training starts (clear one-line errors), then
     (``lead``: this process writes the run's files and logs, not the other torchrun ranks) the
-    run's config files. ``config``: this config instead of ``config_path``'s (the daemon's)."""
+    run's config files. ``config``: this config instead of ``config_path``'s (the daemon's).
+    ``init_from`` (``--init-from``): sets ``train.init_from``. With ``train.init_from``, a new run
+    takes its ``[model]`` from that network; a run with a checkpoint resumes and ignores it."""
     if not lead:
         log = _quiet
     if config is None:
         config = _resolve_config(run_dir, config_path)
+    if init_from:
+        config = config.replace(train={"init_from": os.path.abspath(os.path.expanduser(os.fspath(init_from)))})
     if config.train.batch_size % devices_world:
         raise ValueError(f"train.batch_size {config.train.batch_size} is not a multiple of the "
                          f"{devices_world} ranks")
     found = load_newest_checkpoint(run_dir, log)
     path = None
+    if found is None and config.train.init_from:
+        config = _apply_init_from(run_dir, config, log)
     if found is not None:
         data, path = found
+        started_from = data["train_config"].get("train", {}).get("init_from")
+        if config.train.init_from or started_from:  # resuming wins; the run's shape is its checkpoint's
+            if config.train.init_from:
+                log(f"learner: train.init_from {config.train.init_from} is not used: the run resumes from {path}")
+            model = {**dataclasses.asdict(ModelConfig()), **data["train_config"].get("model", {})}
+            config = config.replace(model=model)
         differs = model_differences(config, data["train_config"])
         if differs:
             raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
@@ -1374,6 +1477,17 @@ def newest_generation(run_dir: str | os.PathLike) -> dict | None:
     return None
 
 
+def _write_generation_zero(run_dir: str, config: TrainConfig, log: Log) -> str:
+    """The step-0 checkpoint and generation 0 of a new run: the config's fresh network, or the
+    one ``train.init_from`` names. Returns the checkpoint's path (the caller holds the run's lock)."""
+    launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind="cpu", steps=0, follow=False,
+                     progress=False, checkpoint=None, report=False)
+    learner = _Learner(launch, 0, 1, torch.device("cpu"), log)
+    path = learner._write_checkpoint()
+    learner._export_generation()
+    return path
+
+
 def initialize_run(run_dir: str | os.PathLike, *, config_path: str | os.PathLike | None = None,
                    config: TrainConfig | None = None, log: Log | None = None) -> dict:
     """Generation 0 for a run that has none: the config's freshly initialised network, as the
@@ -1389,11 +1503,7 @@ def initialize_run(run_dir: str | os.PathLike, *, config_path: str | os.PathLike
         config, checkpoint = _prepare(run_dir, config_path, 1, True, log, config)
         newest = newest_generation(run_dir)
         if checkpoint is None and newest is None:
-            launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind="cpu", steps=0, follow=False,
-                             progress=False, checkpoint=None, report=False)
-            learner = _Learner(launch, 0, 1, torch.device("cpu"), log)
-            learner._write_checkpoint()
-            learner._export_generation()
+            _write_generation_zero(run_dir, config, log)
             newest = newest_generation(run_dir)
     if newest is None:
         raise ValueError(f"{run_dir} has a checkpoint but no exported network yet: run `cyzero-train learn` "
@@ -1410,6 +1520,7 @@ def learn(
     follow: bool = False,
     progress: bool = True,
     log: Log | None = None,
+    init_from: str | os.PathLike | None = None,
 ) -> int:
     """Train the run in ``run_dir``; returns the exit code (0: done or out of data).
 
@@ -1419,7 +1530,10 @@ def learn(
     (default RUN/config.toml, else the defaults). ``follow``: wait for new data when the
     sampling cap is reached instead of stopping. ``log``: where one-line messages go (default
     stderr; spawned ranks send theirs to this process, except while a progress bar is on the
-    console, which rank 0 then writes above the bar itself).
+    console, which rank 0 then writes above the bar itself). ``init_from``: a new run starts
+    from this network (an lc0 weights file or a cyzero checkpoint; ``train.init_from``), which
+    becomes the step-0 checkpoint and generation 0 (under torchrun every rank loads it instead);
+    a run that has a checkpoint resumes from it and ignores ``init_from``.
     """
     log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
@@ -1440,7 +1554,10 @@ def learn(
             os.makedirs(run_dir, exist_ok=True)
             if rank == 0:
                 stack.enter_context(_run_lock(run_dir))
-            config, checkpoint = _prepare(run_dir, config_path, world, rank == 0, log)
+            config, checkpoint = _prepare(run_dir, config_path, world, rank == 0, log,
+                                          init_from=os.fspath(init_from) if init_from else None)
+            if checkpoint is None and config.train.init_from and not torchrun and newest_generation(run_dir) is None:
+                checkpoint = _write_generation_zero(run_dir, config, log)  # the ranks resume from it
         except (ValueError, OSError) as exc:
             log(f"learner: error: {exc}")
             return 2

@@ -13,6 +13,15 @@ Shape of the network (``B`` blocks of ``F`` filters, named ``"BxF"``)::
       -> moves left:  conv 1x1 (F -> 8), BN, ReLU, linear 512 -> 128, ReLU, linear 128 -> 1,
                       softplus (so never negative); optional
 
+The sizes of the heads' convolutions and hidden layers are :class:`NetConfig` fields (the
+defaults above are lc0's). So are three switches that exist for networks imported from lc0
+files (:mod:`trainer.lc0_import`): ``se=False`` (residual blocks without the SE unit),
+``activation="mish"`` (Mish instead of ReLU everywhere ReLU is above, the SE unit's hidden
+layer included) and ``mlh_activation="relu"`` (the moves-left head ends in ReLU, as lc0's
+does, instead of softplus). Their defaults leave a config's dict, a checkpoint and an export
+as they were before the fields existed (:meth:`NetConfig.to_dict` leaves them out at their
+defaults).
+
 The squeeze-excitation unit is lc0's: global average pool -> linear (F -> F/r) ->
 ReLU -> linear (F/r -> 2F) split into ``gamma`` and ``beta``, and the block's output
 is ``sigmoid(gamma) * x + beta``.
@@ -51,6 +60,11 @@ CONV_POLICY_PLANES = 73
 
 _NAME_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
 _POLICY_HEADS = ("conv", "fc")
+_ACTIVATIONS = ("relu", "mish")
+_MLH_ACTIVATIONS = ("softplus", "relu")
+#: NetConfig fields added after checkpoints and exports existed: left out of ``to_dict`` at
+#: these defaults, so an unchanged config writes the dict it always wrote.
+_OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus"}
 
 _QUEEN_DIRS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # (file, rank)
 _KNIGHT_JUMPS = ((1, 2), (2, 1), (2, -1), (1, -2), (-1, -2), (-2, -1), (-2, 1), (-1, 2))
@@ -115,6 +129,9 @@ class NetConfig:
     value_hidden: int = 128
     mlh_channels: int = 8
     mlh_hidden: int = 128
+    se: bool = True  # a squeeze-excitation unit in each residual block
+    activation: str = "relu"  # "relu" or "mish": every activation but the outputs'
+    mlh_activation: str = "softplus"  # the moves-left output's: "softplus" or "relu" (lc0's)
 
     def __post_init__(self) -> None:
         for field in ("blocks", "filters", "se_ratio", "policy_channels", "value_channels",
@@ -124,6 +141,13 @@ class NetConfig:
                 raise ValueError(f"NetConfig.{field} must be a positive integer, got {value!r}")
         if self.policy_head not in _POLICY_HEADS:
             raise ValueError(f"NetConfig.policy_head must be one of {_POLICY_HEADS}, got {self.policy_head!r}")
+        if not isinstance(self.se, bool):
+            raise ValueError(f"NetConfig.se must be True or False, got {self.se!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"NetConfig.activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        if self.mlh_activation not in _MLH_ACTIVATIONS:
+            raise ValueError(f"NetConfig.mlh_activation must be one of {_MLH_ACTIVATIONS}, "
+                             f"got {self.mlh_activation!r}")
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "NetConfig":
@@ -153,7 +177,13 @@ class NetConfig:
         return max(1, self.filters // self.se_ratio)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, but the lc0-import switches (``se``, ``activation``, ``mlh_activation``)
+        only where they differ from their defaults; :meth:`from_dict` reads either."""
+        data = dataclasses.asdict(self)
+        for key, default in _OPTIONAL_DEFAULTS.items():
+            if data[key] == default:
+                del data[key]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "NetConfig":
@@ -170,52 +200,65 @@ class NetOutput(NamedTuple):
     mlh: torch.Tensor | None  # [N,1] non-negative moves left, or None
 
 
-class ConvBN(nn.Sequential):
-    """Conv (no bias) + batch norm (+ ReLU)."""
+def _activation_module(name: str) -> nn.Module:
+    return nn.Mish(inplace=True) if name == "mish" else nn.ReLU(inplace=True)
 
-    def __init__(self, cin: int, cout: int, kernel: int, relu: bool = True):
+
+def _activation(name: str):
+    return F.mish if name == "mish" else F.relu
+
+
+class ConvBN(nn.Sequential):
+    """Conv (no bias) + batch norm (+ ReLU, or ``activation``)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, relu: bool = True, activation: str = "relu"):
         layers: list[nn.Module] = [
             nn.Conv2d(cin, cout, kernel, padding=kernel // 2, bias=False),
             nn.BatchNorm2d(cout),
         ]
         if relu:
-            layers.append(nn.ReLU(inplace=True))
+            layers.append(_activation_module(activation))
         super().__init__(*layers)
 
 
 class SqueezeExcitation(nn.Module):
     """lc0's SE unit: ``sigmoid(gamma) * x + beta`` with (gamma, beta) from the pooled input."""
 
-    def __init__(self, channels: int, hidden: int):
+    def __init__(self, channels: int, hidden: int, activation: str = "relu"):
         super().__init__()
         self.channels = channels
         self.fc1 = nn.Linear(channels, hidden)
         self.fc2 = nn.Linear(hidden, 2 * channels)
+        self.act = _activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled = x.mean(dim=(2, 3))
-        gb = self.fc2(F.relu(self.fc1(pooled)))
+        gb = self.fc2(self.act(self.fc1(pooled)))
         gamma, beta = gb.split(self.channels, dim=1)
         return torch.sigmoid(gamma)[:, :, None, None] * x + beta[:, :, None, None]
 
 
 class ResidualBlock(nn.Module):
-    def __init__(self, channels: int, se_hidden: int):
+    def __init__(self, channels: int, se_hidden: int, se: bool = True, activation: str = "relu"):
         super().__init__()
-        self.conv1 = ConvBN(channels, channels, 3)
+        self.conv1 = ConvBN(channels, channels, 3, activation=activation)
         self.conv2 = ConvBN(channels, channels, 3, relu=False)
-        self.se = SqueezeExcitation(channels, se_hidden)
+        self.se = SqueezeExcitation(channels, se_hidden, activation) if se else None
+        self.act = _activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x + self.se(self.conv2(self.conv1(x))))
+        y = self.conv2(self.conv1(x))
+        if self.se is not None:
+            y = self.se(y)
+        return self.act(x + y)
 
 
 class ConvPolicyHead(nn.Module):
     """lc0's conv policy head: two 3x3 convs, then a fixed gather into the 1858 moves."""
 
-    def __init__(self, filters: int):
+    def __init__(self, filters: int, activation: str = "relu"):
         super().__init__()
-        self.conv1 = ConvBN(filters, filters, 3)
+        self.conv1 = ConvBN(filters, filters, 3, activation=activation)
         self.conv2 = nn.Conv2d(filters, CONV_POLICY_PLANES, 3, padding=1, bias=True)
         _, flat = policy_index_and_map()
         self.register_buffer("policy_map", torch.tensor(flat, dtype=torch.long), persistent=False)
@@ -226,9 +269,9 @@ class ConvPolicyHead(nn.Module):
 
 
 class FCPolicyHead(nn.Module):
-    def __init__(self, filters: int, channels: int):
+    def __init__(self, filters: int, channels: int, activation: str = "relu"):
         super().__init__()
-        self.conv = ConvBN(filters, channels, 1)
+        self.conv = ConvBN(filters, channels, 1, activation=activation)
         self.fc = nn.Linear(channels * 64, POLICY_SIZE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,17 +297,18 @@ class Net(nn.Module):
         scale = torch.ones(PLANES)
         scale[RULE50_PLANE] = RULE50_SCALE
         self.register_buffer("input_scale", scale.view(1, PLANES, 1, 1), persistent=False)
-        self.stem = ConvBN(PLANES, c.filters, 3)
-        self.blocks = nn.Sequential(*(ResidualBlock(c.filters, c.se_channels) for _ in range(c.blocks)))
+        act = c.activation
+        self.stem = ConvBN(PLANES, c.filters, 3, activation=act)
+        self.blocks = nn.Sequential(*(ResidualBlock(c.filters, c.se_channels, c.se, act) for _ in range(c.blocks)))
         if c.policy_head == "conv":
-            self.policy = ConvPolicyHead(c.filters)
+            self.policy = ConvPolicyHead(c.filters, act)
         else:
-            self.policy = FCPolicyHead(c.filters, c.policy_channels)
-        self.value_conv = ConvBN(c.filters, c.value_channels, 1)
+            self.policy = FCPolicyHead(c.filters, c.policy_channels, act)
+        self.value_conv = ConvBN(c.filters, c.value_channels, 1, activation=act)
         self.value_fc1 = nn.Linear(c.value_channels * 64, c.value_hidden)
         self.value_fc2 = nn.Linear(c.value_hidden, 3)
         if c.moves_left:
-            self.mlh_conv = ConvBN(c.filters, c.mlh_channels, 1)
+            self.mlh_conv = ConvBN(c.filters, c.mlh_channels, 1, activation=act)
             self.mlh_fc1 = nn.Linear(c.mlh_channels * 64, c.mlh_hidden)
             self.mlh_fc2 = nn.Linear(c.mlh_hidden, 1)
         self._init_weights()
@@ -291,14 +335,16 @@ class Net(nn.Module):
         return self.config.moves_left
 
     def forward(self, planes: torch.Tensor) -> NetOutput:
+        act = _activation(self.config.activation)
         x = self.blocks(self.stem(planes * self.input_scale))
         policy = self.policy(x)
         v = self.value_conv(x).flatten(1)
-        wdl = self.value_fc2(F.relu(self.value_fc1(v)))
+        wdl = self.value_fc2(act(self.value_fc1(v)))
         mlh = None
         if self.config.moves_left:
             m = self.mlh_conv(x).flatten(1)
-            mlh = F.softplus(self.mlh_fc2(F.relu(self.mlh_fc1(m))))
+            m = self.mlh_fc2(act(self.mlh_fc1(m)))
+            mlh = F.relu(m) if self.config.mlh_activation == "relu" else F.softplus(m)
         return NetOutput(policy, wdl, mlh)
 
     def num_parameters(self) -> int:

@@ -1,0 +1,367 @@
+"""lc0 network files as cyzero PyTorch networks: ``export --from-lc0`` and ``--init-from``.
+
+:func:`net_from_lc0` rebuilds a :class:`trainer.model.Net` from an lc0 weights file read by
+:func:`engine.lc0.read_lc0_file` (lc0's classical residual family: SE or plain blocks, ReLU or
+Mish, convolutional or classical policy, WDL or single value, with or without moves-left),
+computing what :func:`engine.lc0.lc0_to_onnx`'s graph computes (:func:`compare_with_lc0`
+measures it). How each part maps:
+
+* Batch norm. lc0's file has it folded into the convolutions (``engine.lc0`` folds it); each
+  of cyzero's conv + batch norm pairs gets the folded weight in the convolution and a batch
+  norm that is the identity plus the folded bias in eval mode: weight 1, bias ``b``, running
+  mean 0, running variance ``1 - eps``. Training then continues from there and the batch
+  norm statistics adapt; since in training mode a batch norm normalises by the batch's own
+  statistics, the first steps would see a different function than the file's, so a run that
+  starts from the file (``--init-from``) first calls :func:`calibrate_batch_norm`, which
+  re-expresses every batch norm with the statistics of real activations without changing
+  what the network computes in eval mode.
+* The rule50 plane: cyzero's graph divides it by 100 before the stem, lc0's does not, so the
+  stem's weights on that input plane are multiplied by 100.
+* The conv policy head: lc0's has 80 output planes, cyzero's 73. The 73 move planes are the
+  same moves, but lc0 orders the under/promotion planes r, b, q within each direction and
+  cyzero q, r, b; the permutation is derived from the two policy maps
+  (:func:`conv_policy_planes`), never assumed. lc0's planes 73..79 are unused and dropped.
+* lc0's classical policy head is cyzero's ``"fc"`` head (1x1 conv to C channels, linear).
+* The value head: lc0's WDL head is cyzero's. A single-value (tanh) head becomes three WDL
+  logits ``(x, -30, -x)`` (zero weights and bias -30 for the draw), whose softmax is
+  ``W - L = tanh(x)`` and ``D`` about 1e-13: lc0's graph gives ``((1 + tanh) / 2, 0, (1 - tanh) / 2)``.
+* Moves-left: lc0's head ends in ReLU, cyzero's in softplus; the imported network keeps
+  lc0's (``NetConfig.mlh_activation = "relu"``), so it computes the file's moves left exactly.
+* SE units, their width (``filters // se_ratio``) and the heads' widths come from the file;
+  a network cyzero's :class:`~trainer.model.Net` cannot express (an SE width that is no
+  ``filters // r``, blocks with and without SE mixed, an lc0 file holding an ONNX model)
+  is an :class:`Lc0ImportError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, lc0_to_onnx, read_lc0_file
+from trainer.model import (
+    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map,
+)
+
+__all__: Sequence[str] = [
+    "Lc0ImportError", "Lc0ParityError", "LC0_PARITY", "net_config_from_lc0", "net_from_lc0", "conv_policy_planes",
+    "compare_with_lc0", "check_against_lc0", "calibrate_batch_norm", "read_network", "is_lc0_path",
+]
+
+#: How close the rebuilt PyTorch network must be to lc0's graph (float32 both): the max
+#: absolute difference of the policy logits and of the WDL probabilities; moves-left relative
+#: to its own size, ``mlh * max(1, max |moves left|)``.
+LC0_PARITY = {"policy": 1e-3, "wdl": 1e-4, "mlh": 1e-4}
+
+#: The single-value head's draw logit: softmax gives D = e^-30 / (e^x + e^-x + e^-30) < 5e-14.
+_NO_DRAW_LOGIT = -30.0
+
+
+class Lc0ImportError(Lc0Error):
+    """An lc0 network that cyzero's PyTorch network cannot represent; the message is one line."""
+
+
+class Lc0ParityError(Lc0ImportError):
+    """The PyTorch network rebuilt from an lc0 file does not compute what lc0's graph computes."""
+
+
+def is_lc0_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an lc0 weights file: named ``.pb.gz``/``.pb``, or gzipped (a torch
+    checkpoint is a zip archive or a pickle, never gzip)."""
+    if is_lc0_file(path):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def conv_policy_planes() -> np.ndarray:
+    """For each of cyzero's 73 conv policy planes, the lc0 plane (of 80) that holds the same moves.
+
+    Derived from the two policy maps (``trainer.model.policy_index_and_map`` and
+    ``engine.lc0.CONV_POLICY_MAP``, both over the 1858 moves in the same order): every move's
+    from-square must be the same and every cyzero plane must come from exactly one lc0 plane.
+    """
+    _, ours = policy_index_and_map()
+    ours = np.asarray(ours, dtype=np.int64)
+    theirs = np.asarray(CONV_POLICY_MAP, dtype=np.int64)
+    if theirs.shape != ours.shape:
+        raise Lc0ImportError(f"lc0's conv policy map has {theirs.shape} entries, cyzero's {ours.shape}")
+    if not np.array_equal(ours % 64, theirs % 64):
+        raise Lc0ImportError("lc0's and cyzero's conv policy maps disagree on a move's from-square")
+    planes = np.full(CONV_POLICY_PLANES, -1, dtype=np.int64)
+    for mine, lc0 in zip(ours // 64, theirs // 64):
+        if planes[mine] not in (-1, lc0):
+            raise Lc0ImportError(f"cyzero's policy plane {mine} holds moves of lc0's planes {planes[mine]} and {lc0}")
+        planes[mine] = lc0
+    if (planes < 0).any() or len(set(planes.tolist())) != CONV_POLICY_PLANES:
+        raise Lc0ImportError("lc0's conv policy planes are not a permutation of cyzero's 73")
+    return planes
+
+
+def _se_ratio(filters: int, width: int) -> int:
+    for ratio in range(1, filters + 1):
+        if max(1, filters // ratio) == width:
+            return ratio
+    raise Lc0ImportError(f"an SE unit {width} wide on {filters} filters: cyzero's SE width is filters // r "
+                         f"for a whole r, and no r gives {width}")
+
+
+def net_config_from_lc0(net: Lc0Net) -> NetConfig:
+    """The :class:`NetConfig` of the network in an lc0 file; :class:`Lc0ImportError` when cyzero
+    cannot represent it."""
+    w = net.weights
+    if w is None:
+        raise Lc0ImportError("the lc0 file holds an ONNX model, not weights: cyzero can play it "
+                             "but cannot rebuild a PyTorch network from it")
+    filters, blocks = w.filters, w.blocks
+    if blocks < 1:
+        raise Lc0ImportError("an lc0 network without residual blocks: cyzero's networks have at least one")
+    with_se = [r.se is not None for r in w.residual]
+    if any(with_se) and not all(with_se):
+        raise Lc0ImportError(f"{sum(with_se)} of the {blocks} residual blocks have SE units: cyzero's "
+                             "blocks all have one or none")
+    se_ratio = 4
+    if all(with_se):
+        widths = {r.se.b1.shape[0] for r in w.residual}
+        if len(widths) != 1:
+            raise Lc0ImportError(f"SE units of different widths {sorted(widths)}: cyzero's are all one width")
+        se_ratio = _se_ratio(filters, widths.pop())
+    if w.policy == "convolution":
+        policy = {"policy_head": "conv"}
+        if w.policy_conv.w.shape[0] < CONV_POLICY_PLANES:
+            raise Lc0ImportError(f"a conv policy head of {w.policy_conv.w.shape[0]} planes; lc0's has 80")
+    elif w.policy == "classical":
+        policy = {"policy_head": "fc", "policy_channels": int(w.policy_conv.b.shape[0])}
+    else:
+        raise Lc0ImportError(f"an lc0 {w.policy} policy head: cyzero has convolution and classical ones")
+    mlh = {"moves_left": w.mlh_conv is not None}
+    if w.mlh_conv is not None:
+        mlh.update(mlh_channels=int(w.mlh_conv.b.shape[0]), mlh_hidden=int(w.ip1_mov.b.shape[0]),
+                   mlh_activation="relu")
+    if w.activation not in ("relu", "mish"):
+        raise Lc0ImportError(f"the activation {w.activation!r}: cyzero has relu and mish")
+    try:
+        return NetConfig(blocks=blocks, filters=filters, se_ratio=se_ratio, se=all(with_se),
+                         value_channels=int(w.value_conv.b.shape[0]), value_hidden=int(w.ip1_val.b.shape[0]),
+                         activation=w.activation, **policy, **mlh)
+    except ValueError as exc:
+        raise Lc0ImportError(f"cannot represent the lc0 network: {exc}") from None
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _tensor(array: np.ndarray, like: torch.Tensor, what: str) -> torch.Tensor:
+    array = np.asarray(array, dtype=np.float32)
+    if tuple(array.shape) != tuple(like.shape):
+        raise Lc0ImportError(f"{what}: the file's weights are {list(array.shape)}, cyzero's {list(like.shape)}")
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _load_conv_bn(module: ConvBN, layer: ConvLayer, what: str, weight: np.ndarray | None = None) -> None:
+    """A folded lc0 convolution into conv + batch norm: the batch norm is the identity plus the
+    bias in eval mode (weight 1, bias b, mean 0, variance 1 - eps, so sqrt(var + eps) = 1)."""
+    conv, bn = module[0], module[1]
+    conv.weight.copy_(_tensor(layer.w if weight is None else weight, conv.weight, f"{what} weights"))
+    bn.weight.fill_(1.0)
+    bn.bias.copy_(_tensor(layer.b, bn.bias, f"{what} biases"))
+    bn.running_mean.zero_()
+    bn.running_var.fill_(1.0 - bn.eps)
+    bn.num_batches_tracked.zero_()
+
+
+def _load_linear(module: nn.Linear, layer: Dense, what: str) -> None:
+    module.weight.copy_(_tensor(layer.w, module.weight, f"{what} weights"))
+    module.bias.copy_(_tensor(layer.b, module.bias, f"{what} biases"))
+
+
+def net_from_lc0(lc0net: Lc0Net) -> Net:
+    """cyzero's PyTorch :class:`Net` computing what the lc0 file's network computes (eval mode;
+    see the module doc for how each part maps). :class:`Lc0ImportError`: not representable."""
+    config = net_config_from_lc0(lc0net)
+    w = lc0net.weights
+    net = Net(config, seed=0)
+    with torch.no_grad():
+        stem = np.array(w.input.w, dtype=np.float32, copy=True)
+        if stem.ndim != 4 or stem.shape[1] <= RULE50_PLANE:
+            raise Lc0ImportError(f"the input convolution's weights are {list(stem.shape)}, not [F, 112, 3, 3]")
+        stem[:, RULE50_PLANE] *= np.float32(1.0 / RULE50_SCALE)  # cyzero's graph scales that plane by 1/100
+        _load_conv_bn(net.stem, w.input, "input convolution", stem)
+        for i, (block, res) in enumerate(zip(net.blocks, w.residual)):
+            _load_conv_bn(block.conv1, res.conv1, f"block {i} conv1")
+            _load_conv_bn(block.conv2, res.conv2, f"block {i} conv2")
+            if block.se is not None:
+                _load_linear(block.se.fc1, Dense(res.se.w1, res.se.b1), f"block {i} SE layer 1")
+                _load_linear(block.se.fc2, Dense(res.se.w2, res.se.b2), f"block {i} SE layer 2")
+        if config.policy_head == "conv":
+            _load_conv_bn(net.policy.conv1, w.policy1, "policy conv1")
+            planes = conv_policy_planes()
+            conv2 = net.policy.conv2
+            conv2.weight.copy_(_tensor(w.policy_conv.w[planes], conv2.weight, "policy conv2 weights"))
+            conv2.bias.copy_(_tensor(w.policy_conv.b[planes], conv2.bias, "policy conv2 biases"))
+        else:
+            _load_conv_bn(net.policy.conv, w.policy_conv, "policy convolution")
+            _load_linear(net.policy.fc, w.ip_pol, "policy dense layer")
+        _load_conv_bn(net.value_conv, w.value_conv, "value convolution")
+        _load_linear(net.value_fc1, w.ip1_val, "value dense layer 1")
+        if w.wdl:
+            _load_linear(net.value_fc2, w.ip2_val, "value dense layer 2")
+        else:  # tanh(x) as WDL logits (x, -30, -x)
+            row = np.asarray(w.ip2_val.w, dtype=np.float32).reshape(1, -1)
+            bias = float(np.asarray(w.ip2_val.b, dtype=np.float32).reshape(-1)[0])
+            weights = np.concatenate([row, np.zeros_like(row), -row])
+            _load_linear(net.value_fc2, Dense(weights, np.array([bias, _NO_DRAW_LOGIT, -bias], np.float32)),
+                         "value dense layer 2")
+        if config.moves_left:
+            _load_conv_bn(net.mlh_conv, w.mlh_conv, "moves-left convolution")
+            _load_linear(net.mlh_fc1, w.ip1_mov, "moves-left dense layer 1")
+            _load_linear(net.mlh_fc2, w.ip2_mov, "moves-left dense layer 2")
+    return net.eval()
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def compare_with_lc0(net: Net, lc0net: Lc0Net, planes: np.ndarray, masks: np.ndarray | None = None) -> dict:
+    """The PyTorch network's outputs against :func:`engine.lc0.lc0_to_onnx`'s graph (ONNX
+    Runtime, CPU, float32) on ``planes``: :func:`trainer.export.parity_numbers`' figures."""
+    import onnxruntime as ort
+
+    from engine.network import INPUT_NAME
+    from trainer.export import _inference_module, parity_numbers
+
+    planes = np.ascontiguousarray(planes, dtype=np.float32)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(lc0_to_onnx(lc0net), options, providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {INPUT_NAME: planes})
+    module = _inference_module(net)
+    with torch.no_grad():
+        ours = [t.numpy() for t in module(torch.from_numpy(planes))]
+    if len(ours) != len(theirs):
+        raise Lc0ImportError(f"the PyTorch network has {len(ours)} outputs, lc0's graph {len(theirs)}")
+    ours = [o.reshape(t.shape) for o, t in zip(ours, theirs)]
+    return parity_numbers(ours, theirs, masks)
+
+
+def check_against_lc0(net: Net, lc0net: Lc0Net, planes: np.ndarray, masks: np.ndarray | None = None,
+                      bounds: dict | None = None) -> dict:
+    """:func:`compare_with_lc0`, then :class:`Lc0ParityError` if a figure is outside ``bounds``
+    (default :data:`LC0_PARITY`); returns the figures."""
+    bounds = {**LC0_PARITY, **(bounds or {})}
+    numbers = compare_with_lc0(net, lc0net, planes, masks)
+    checks = [("policy", numbers["policy_max_abs_diff"], bounds["policy"]),
+              ("wdl", numbers["wdl_max_abs_diff"], bounds["wdl"])]
+    if numbers["mlh_max_abs_diff"] is not None:
+        checks.append(("mlh", numbers["mlh_max_abs_diff"], bounds["mlh"] * max(1.0, numbers["mlh_scale"])))
+    failures = [f"{name} max |diff| {value:.3g} > {allowed:.3g}" for name, value, allowed in checks
+                if not value <= allowed]
+    if failures:
+        raise Lc0ParityError(f"the PyTorch network rebuilt from the lc0 file disagrees with lc0's graph over "
+                             f"{numbers['positions']} positions: " + "; ".join(failures))
+    return numbers
+
+
+def calibrate_batch_norm(net: Net, planes: np.ndarray, batch: int = 256) -> Net:
+    """Give every batch norm the statistics of its real inputs, leaving eval mode's outputs as they were.
+
+    A batch norm in eval mode is the affine map ``x -> a x + c`` per channel, with
+    ``a = weight / sqrt(running_var + eps)`` and ``c = bias - a running_mean``. Any running
+    statistics ``(m, v)`` give the same map with ``weight = a sqrt(v + eps)`` and
+    ``bias = c + a m``; this takes ``(m, v)`` = the mean and variance of the batch norm's inputs
+    over ``planes``. Training mode, which normalises by each batch's own statistics, then starts
+    from nearly the function eval mode computes, instead of rescaling every channel of an
+    imported network (whose batch norms are the identity: :func:`net_from_lc0`) at its first
+    step. In place; returns ``net``.
+    """
+    planes = np.ascontiguousarray(planes, dtype=np.float32)
+    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+    sums = {id(m): [0.0, 0.0, 0] for m in norms}
+
+    def hook(module, inputs, _output):
+        x = inputs[0].detach().double()
+        s = sums[id(module)]
+        s[0] = s[0] + x.sum(dim=(0, 2, 3))
+        s[1] = s[1] + (x * x).sum(dim=(0, 2, 3))
+        s[2] += x.shape[0] * x.shape[2] * x.shape[3]
+
+    was_training = net.training
+    net.eval()
+    handles = [m.register_forward_hook(hook) for m in norms]
+    try:
+        with torch.no_grad():
+            device = next(net.parameters()).device
+            for i in range(0, len(planes), batch):
+                net(torch.from_numpy(planes[i:i + batch]).to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        for m in norms:
+            total, squares, n = sums[id(m)]
+            if not n:
+                continue
+            mean = (total / n).to(m.running_mean.dtype)
+            var = (squares / n - (total / n) ** 2).clamp_min(0.0).to(m.running_var.dtype)
+            # the same affine map x -> a x + c before and after: a = weight / sqrt(var + eps)
+            a = m.weight / torch.sqrt(m.running_var + m.eps)
+            c = m.bias - a * m.running_mean
+            m.running_mean.copy_(mean)
+            m.running_var.copy_(var)
+            m.weight.copy_(a * torch.sqrt(var + m.eps))
+            m.bias.copy_(c + a * mean)
+    net.train(was_training)
+    return net
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_network(path: str | os.PathLike) -> tuple[Net, str]:
+    """The network in ``path`` and a one-line description of it: an lc0 weights file
+    (``.pb.gz``, ``.pb``) through :func:`net_from_lc0`, or a cyzero checkpoint (its raw weights,
+    where its training stood). ValueError naming the file and what is wrong."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"network file {path} not found" if not os.path.exists(path)
+                         else f"{path} is not a file")
+    if path.lower().endswith(".onnx"):
+        raise ValueError(f"{path} is an ONNX network, which holds no trainable weights: give an lc0 weights "
+                         "file (.pb.gz, .pb) or a cyzero checkpoint (.pt)")
+    if is_lc0_path(path):
+        lc0net = read_lc0_file(path)
+        try:
+            net = net_from_lc0(lc0net)
+        except Lc0Error as exc:
+            raise Lc0ImportError(f"{os.path.basename(path)}: {exc}") from None
+        return net, f"{os.path.basename(path)}: {lc0net.description}"
+    return _checkpoint_network(path)
+
+
+def _checkpoint_network(path: str) -> tuple[Net, str]:
+    """A cyzero checkpoint's network, its raw weights (where its training stood)."""
+    from trainer.model import load_net
+
+    name = os.path.basename(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for what is no checkpoint
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"{name} is neither an lc0 weights file (.pb.gz, .pb) nor a cyzero checkpoint "
+                         f"that loads ({reason})") from None
+    if not isinstance(data, dict) or "model" not in data or "config" not in data:
+        raise ValueError(f"{name} is a torch file but not a cyzero checkpoint ({{'config': ..., 'model': ...}})")
+    try:
+        net = load_net(data)
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"{name} does not hold a network cyzero can load: {reason}") from None
+    step = f", step {data['step']:,}" if isinstance(data.get("step"), int) else ""
+    return net.eval(), f"{name}: cyzero checkpoint, {net.config.name}{step}, raw weights"
