@@ -60,8 +60,8 @@ CONV_POLICY_PLANES = 80
 #: Suffixes that end a file name lc0 reads (``.pb.gz`` is what lc0's networks are published as).
 SUFFIXES = (".pb.gz", ".pb")
 
-_QUEEN_DIRS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # (file, rank)
-_KNIGHT_JUMPS = ((1, 2), (2, 1), (2, -1), (1, -2), (-1, -2), (-2, -1), (-2, 1), (-1, 2))
+QUEEN_DIRECTIONS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # (file, rank)
+KNIGHT_JUMPS = ((1, 2), (2, 1), (2, -1), (1, -2), (-1, -2), (-2, -1), (-2, 1), (-1, 2))
 _PROMOTION_SUFFIXES = "rbq"
 
 # network_format's enums, by name for the messages (net.proto).
@@ -83,18 +83,25 @@ class Lc0Error(ValueError):
     """An lc0 file cyzero cannot use; the message names what the file is, in one line."""
 
 
+def move_plane(df: int, dr: int) -> int | None:
+    """The conv policy plane (0..63) of a queen-line or knight displacement (files, ranks), None
+    for anything else; lc0's order, which cyzero's own conv policy head shares."""
+    if (df, dr) in KNIGHT_JUMPS:
+        return 56 + KNIGHT_JUMPS.index((df, dr))
+    dist = max(abs(df), abs(dr))
+    if dist == 0 or not (df == 0 or dr == 0 or abs(df) == abs(dr)):
+        return None
+    return QUEEN_DIRECTIONS.index(((df > 0) - (df < 0), (dr > 0) - (dr < 0))) * 7 + dist - 1
+
+
 def _conv_policy_map() -> np.ndarray:
     flat = np.empty(POLICY_SIZE, np.int64)
     for i, move in enumerate(POLICY_INDEX):
         f0, r0, f1, r1 = ord(move[0]) - 97, int(move[1]) - 1, ord(move[2]) - 97, int(move[3]) - 1
-        df, dr = f1 - f0, r1 - r0
         if len(move) == 5:
-            plane = 64 + 3 * (df + 1) + _PROMOTION_SUFFIXES.index(move[4])
-        elif (df, dr) in _KNIGHT_JUMPS:
-            plane = 56 + _KNIGHT_JUMPS.index((df, dr))
+            plane = 64 + 3 * (f1 - f0 + 1) + _PROMOTION_SUFFIXES.index(move[4])
         else:
-            step = ((df > 0) - (df < 0), (dr > 0) - (dr < 0))
-            plane = _QUEEN_DIRS.index(step) * 7 + max(abs(df), abs(dr)) - 1
+            plane = move_plane(f1 - f0, r1 - r0)
         flat[i] = plane * 64 + r0 * 8 + f0
     return flat
 

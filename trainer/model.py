@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.encoding import PLANES, POLICY_SIZE
+from engine.lc0 import move_plane
 from engine.network import MLH_NAME, POLICY_NAME, WDL_NAME
 
 RULE50_PLANE = 109
@@ -66,24 +67,11 @@ _MLH_ACTIVATIONS = ("softplus", "relu")
 #: these defaults, so an unchanged config writes the dict it always wrote.
 _OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus"}
 
-_QUEEN_DIRS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))  # (file, rank)
-_KNIGHT_JUMPS = ((1, 2), (2, 1), (2, -1), (1, -2), (-1, -2), (-2, -1), (-2, 1), (-1, 2))
 _PROMO_PIECES = "qrb"
 
 
 def _square_name(sq: int) -> str:
     return "abcdefgh"[sq % 8] + "12345678"[sq // 8]
-
-
-def _move_plane(df: int, dr: int) -> int | None:
-    """Plane (0..63) of a queen-line or knight displacement, None for anything else."""
-    if (df, dr) in _KNIGHT_JUMPS:
-        return 56 + _KNIGHT_JUMPS.index((df, dr))
-    dist = max(abs(df), abs(dr))
-    if dist == 0 or not (df == 0 or dr == 0 or abs(df) == abs(dr)):
-        return None
-    direction = ((df > 0) - (df < 0), (dr > 0) - (dr < 0))
-    return _QUEEN_DIRS.index(direction) * 7 + dist - 1
 
 
 def policy_index_and_map() -> tuple[list[str], list[int]]:
@@ -98,7 +86,7 @@ def policy_index_and_map() -> tuple[list[str], list[int]]:
     flat: list[int] = []
     for frm in range(64):
         for to in range(64):
-            plane = _move_plane(to % 8 - frm % 8, to // 8 - frm // 8)
+            plane = move_plane(to % 8 - frm % 8, to // 8 - frm // 8)
             if plane is not None:
                 moves.append(_square_name(frm) + _square_name(to))
                 flat.append(plane * 64 + frm)
