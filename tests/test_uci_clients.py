@@ -589,8 +589,8 @@ def test_short_match_against_stockfish_has_no_illegal_move(popen):
         results = []
         for game, our_color in enumerate((chess.WHITE, chess.BLACK)):
             board = chess.Board()
-            clocks = {chess.WHITE: 2.0, chess.BLACK: 2.0}
-            inc = 0.1
+            clocks = {chess.WHITE: 1.0, chess.BLACK: 1.0}   # a bullet game: short, and the clock matters
+            inc = 0.05
             while not board.is_game_over(claim_draw=True) and board.ply() < 160:
                 engine = ours if board.turn == our_color else theirs
                 limit = chess.engine.Limit(white_clock=clocks[chess.WHITE], black_clock=clocks[chess.BLACK],
