@@ -89,7 +89,7 @@ import numpy as np
 
 from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import PLANES, POLICY_SIZE
-from engine.lc0 import is_lc0_file
+from engine.lc0 import Lc0Error, is_lc0_file, lc0_to_onnx, read_lc0
 from engine.sessions import (
     BACKENDS,
     CPU,
@@ -282,6 +282,11 @@ class Network:
                                      batch=wanted_sizes[-1])
         self.providers: list[str] = list(self._session.providers)
         self.provider: str = self.providers[0]
+        if self._lc0 is not None and self.provider == CUDA:
+            # The CUDA provider runs an lc0 file in float16, as lc0 does on a GPU (and as the
+            # bundled network's fp16 variant runs); TensorRT makes its own fp16 engine.
+            data = lc0_to_onnx(self._lc0, "float16")
+            self._session = self._factory.make(data, CUDA, wanted_sizes[-1])
         self._check_contract()
         self.variant = self._guess_variant()
         size = self._size()
@@ -295,6 +300,7 @@ class Network:
             self.max_batch = wanted_sizes[-1]
             self._sessions = self._make_sessions(data)
         del data
+        self._lc0 = None     # the file's weights: the sessions hold what they need
         self._buffers = threading.local()    # per thread: padded input and output rows by size
         sizes = f", batch {'/'.join(map(str, self.batch_sizes))}" if self.batch_sizes else ""
         self.description = (
@@ -328,17 +334,16 @@ class Network:
                     f"the file has {self.sha256}"
                 )
         self.lc0_description = ""
+        self._lc0 = None
         if is_lc0_file(self.path) or data[:2] == b"\x1f\x8b":   # ONNX files are never gzipped
             # An lc0 weights file: the graph is built from it in memory (the sha256 stays the
             # file's, so hot-swap and the trainer's contract treat it like any network file).
-            from engine.lc0 import Lc0Error, lc0_to_onnx, read_lc0
-
             try:
-                lc0 = read_lc0(data, self.name)
-                data = lc0_to_onnx(lc0)
+                self._lc0 = read_lc0(data, self.name)
             except Lc0Error as e:
                 raise NetworkError(str(e)) from None
-            self.lc0_description = lc0.description
+            self.lc0_description = self._lc0.description
+            data = lc0_to_onnx(self._lc0, "float32")
         return data
 
     def _make_sessions(self, data: bytes) -> dict[int, object]:

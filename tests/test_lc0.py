@@ -271,8 +271,36 @@ def test_an_lc0_file_on_a_gpu_gets_one_session_per_fixed_size(tmp_path):
     gpu = SimulatedGPU(new_shape_s=0.002)
     net, _ = simulated_network(str(path), gpu=gpu, max_batch=8)
     assert net.batch_sizes == (1, 2, 4, 8)
-    assert all(len(session.shapes) == 1 for session in gpu.sessions)
+    warmed = [session for session in gpu.sessions if session.shapes]
+    assert sorted(next(iter(s.shapes)) for s in warmed) == [1, 2, 4, 8]
+    assert all(len(session.shapes) == 1 for session in warmed)
     calls = len(gpu.calls)
     policy, wdl, mlh = net.evaluate(random_planes(5, seed=2))
     assert [c.size for c in gpu.calls[calls:]] == [8]
     assert policy.shape == (5, 1858) and wdl.shape == (5, 3) and mlh.shape == (5,)
+
+
+def test_cuda_runs_an_lc0_file_in_float16(tmp_path):
+    """As lc0 does on a GPU: the CUDA provider gets the float16 graph (here the stand-in, which
+    records the model it was given), the CPU the float32 one."""
+    import onnx
+    from onnx import TensorProto
+
+    from engine.tools.gpu_standin import SimulatedGPU, simulated_network
+
+    class Recording(SimulatedGPU):
+        def make(self, data, provider, batch=None, *args, **kwargs):
+            session = super().make(data, provider, batch, *args, **kwargs)
+            self.models.append((data, session))
+            return session
+
+    path = tmp_path / "net.pb.gz"
+    write_lc0(str(path), Lc0Spec(se=True))
+    gpu = Recording(new_shape_s=0.002)
+    gpu.models = []
+    simulated_network(str(path), gpu=gpu, max_batch=4)
+    used = {onnx.load_from_string(m).graph.input[0].type.tensor_type.elem_type
+            for m, session in gpu.models if session.shapes}
+    assert used == {TensorProto.FLOAT16}
+    on_cpu = Network(str(path), backend="cpu")
+    assert on_cpu.variant == "fp32" and on_cpu.input_dtype == np.float32
