@@ -17,7 +17,7 @@ cimport numpy as cnp
 
 from engine.params import SearchParams
 
-from libc.math cimport sqrtf, logf, powf
+from libc.math cimport sqrtf, logf, powf, fabsf
 from libc.stdlib cimport malloc, realloc, free, calloc
 from libc.string cimport memset, memcpy
 from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
@@ -157,6 +157,25 @@ cdef inline float _cpuct(const Params* p, uint32_t n, bint root) noexcept nogil:
     return p.cpuct + p.cpuct_factor * logf((n + p.cpuct_base) / p.cpuct_base)
 
 
+cdef inline float _m_utility(const Params* prm, float parent_m, const Node* c, float q) noexcept nogil:
+    """lc0's moves-left utility of a visited child: winning, prefer the child that ends the game
+    sooner; losing, the one that lasts longer. ``q`` is the child's value for the player choosing."""
+    cdef float m = prm.moves_left_slope * (_m_value(c) - parent_m)
+    if m > prm.moves_left_max_effect:
+        m = prm.moves_left_max_effect
+    elif m < -prm.moves_left_max_effect:
+        m = -prm.moves_left_max_effect
+    if q > 0:
+        m = -m
+    elif q == 0:
+        return 0.0
+    q = (fabsf(q) - prm.moves_left_threshold) / (1.0 - prm.moves_left_threshold)
+    if q < 0:
+        q = 0
+    return m * (prm.moves_left_constant_factor + prm.moves_left_scaled_factor * q
+                + prm.moves_left_quadratic_factor * q * q)
+
+
 cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
     """Index of the edge to explore from node ``ni`` (PUCT with FPU reduction), -1 if none allowed.
 
@@ -174,6 +193,10 @@ cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
     cdef int best = -1, fresh = -1, i
     cdef uint32_t ci = node.child
     cdef Node* c
+    # The moves-left utility applies once the position is decided enough (lc0's threshold on |Q|).
+    cdef bint moves_left = prm.moves_left_max_effect > 0 and node.n > 0 \
+        and fabsf(node.wl) > prm.moves_left_threshold
+    cdef float parent_m = _m_value(node)
     for i in range(node.num_edges):
         p = edges[i].prior * (1.0 / 65535.0)
         if ci and t.nodes[ci].edge_idx == i:
@@ -185,6 +208,8 @@ cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
                 visited_policy += p
                 q = c.bound if c.flags & NODE_PROVEN else c.wl
                 score = q + puct * p / (1.0 + c.n + c.n_in_flight)
+                if moves_left:
+                    score += _m_utility(prm, parent_m, c, q)
                 if score > best_score:
                     best_score = score
                     best = i
@@ -1133,6 +1158,12 @@ cdef int _set_param(Params* p, str name, object value) except -1:
     elif name == "noise_epsilon": p.noise_epsilon = value
     elif name == "noise_alpha": p.noise_alpha = value
     elif name == "two_fold_draws": p.two_fold_draws = value
+    elif name == "moves_left_max_effect": p.moves_left_max_effect = value
+    elif name == "moves_left_threshold": p.moves_left_threshold = value
+    elif name == "moves_left_slope": p.moves_left_slope = value
+    elif name == "moves_left_constant_factor": p.moves_left_constant_factor = value
+    elif name == "moves_left_scaled_factor": p.moves_left_scaled_factor = value
+    elif name == "moves_left_quadratic_factor": p.moves_left_quadratic_factor = value
     else:
         raise AssertionError(f"the tree has no field for the search parameter {name!r}")
     return 0
@@ -1144,7 +1175,11 @@ cdef dict _params_dict(const Params* p):
                 cpuct_factor_root=p.cpuct_factor_root, fpu_value=p.fpu_value,
                 fpu_value_root=p.fpu_value_root, policy_temperature=p.policy_temperature,
                 noise_epsilon=p.noise_epsilon, noise_alpha=p.noise_alpha,
-                two_fold_draws=bool(p.two_fold_draws))
+                two_fold_draws=bool(p.two_fold_draws), moves_left_max_effect=p.moves_left_max_effect,
+                moves_left_threshold=p.moves_left_threshold, moves_left_slope=p.moves_left_slope,
+                moves_left_constant_factor=p.moves_left_constant_factor,
+                moves_left_scaled_factor=p.moves_left_scaled_factor,
+                moves_left_quadratic_factor=p.moves_left_quadratic_factor)
 
 
 cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noexcept nogil:

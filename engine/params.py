@@ -94,6 +94,22 @@ class SearchParams:
                                        "PolicyTemperature", tree=True)
     two_fold_draws: bool = _param(True, None, None, "", "a position repeated once inside the tree scores as a draw",
                                   "TwoFoldDraws", tree=True)
+    # -- moves-left utility (lc0's MovesLeft* settings; off until a match says otherwise) -------
+    moves_left_max_effect: float = _param(0.0, 0.0, 1.0, "Q units",
+                                          "cap of the moves-left utility added to a child's score: when "
+                                          "abs(Q) is past the threshold, shorter wins and longer losses are "
+                                          "preferred (0: off; lc0: 0.0345)", "MovesLeftMaxEffect", tree=True)
+    moves_left_threshold: float = _param(0.8, 0.0, 0.999, "Q units", "the utility applies where the position's "
+                                         "abs(Q) exceeds this", "MovesLeftThreshold", tree=True)
+    moves_left_slope: float = _param(0.0027, 0.0, 1.0, "Q units per ply",
+                                     "utility per ply of difference between a child's moves left and "
+                                     "its parent's", "MovesLeftSlope", tree=True)
+    moves_left_constant_factor: float = _param(0.0, -10.0, 10.0, "", "utility scale: constant term",
+                                               "MovesLeftConstantFactor", tree=True)
+    moves_left_scaled_factor: float = _param(1.6521, -10.0, 10.0, "", "utility scale: term in abs(Q) past "
+                                             "the threshold", "MovesLeftScaledFactor", tree=True)
+    moves_left_quadratic_factor: float = _param(-0.6521, -10.0, 10.0, "", "utility scale: term in the "
+                                                "square of that", "MovesLeftQuadraticFactor", tree=True)
     # -- root noise and move choice (self-play) -----------------------------------------------
     noise_epsilon: float = _param(0.0, 0.0, 1.0, "share", "weight of Dirichlet noise mixed into the root priors "
                                   "(AlphaZero self-play: 0.25)", "NoiseEpsilon", tree=True)

@@ -35,6 +35,12 @@ cdef struct Params:
     float noise_epsilon
     float noise_alpha
     int two_fold_draws
+    float moves_left_max_effect   # 0: no moves-left utility
+    float moves_left_threshold
+    float moves_left_slope
+    float moves_left_constant_factor
+    float moves_left_scaled_factor
+    float moves_left_quadratic_factor
 
 cdef struct CacheEntry:
     uint64_t key

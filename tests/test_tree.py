@@ -1126,3 +1126,32 @@ def test_missing_arguments_are_type_errors_not_crashes():
         tree.gather(None)
     with pytest.raises(TypeError):
         NNCache(16).lookup(None)
+
+
+class _WinningNetWithMovesLeft(WhiteWinsNet):
+    """White wins everywhere, with a moves-left estimate that differs from position to position."""
+
+    def __call__(self, planes: np.ndarray):
+        policy, wdl, _ = super().__call__(planes)
+        mlh = np.array([10 + zlib.crc32(p.tobytes()) % 40 for p in planes], np.float32)
+        return policy, wdl, mlh
+
+
+@pytest.mark.parametrize("side", ["winning", "losing"])
+def test_moves_left_utility_prefers_short_wins_and_long_losses(side):
+    """lc0's MovesLeft* utility: with every line equally won, the search leans toward the child
+    the moves-left head says ends the game soonest (the loser toward the longest); off (the
+    default), moves left change nothing."""
+    fen = chess.STARTING_FEN if side == "winning" else "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    net = _WinningNetWithMovesLeft()
+    plain = search(Tree(Board(fen), seed=1), net, 1200)
+    params = SearchParams().replace(moves_left_max_effect=0.0345, moves_left_threshold=0.5)
+    steered = search(Tree(Board(fen), seed=1, **params.tree_settings()), net, 1200)
+    assert SearchParams().moves_left_max_effect == 0.0
+    m = {c["move"]: c["m"] for c in steered.root_children()}
+    preferred = min(m, key=m.get) if side == "winning" else max(m, key=m.get)
+    before = {c["move"]: c["n"] for c in plain.root_children()}
+    after = {c["move"]: c["n"] for c in steered.root_children()}
+    assert max(before.values()) - min(before.values()) <= 2      # off: every move alike
+    assert after[preferred] == max(after.values())
+    assert after[preferred] > before[preferred] + 5
