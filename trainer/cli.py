@@ -92,9 +92,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="wait for new data instead of stopping when the sampling cap is reached")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
     learn.add_argument("--init-from", metavar="FILE", default=None,
-                       help="a new run starts from this network: an lc0 weights file (.pb.gz, .pb) or a cyzero "
-                            "checkpoint; its shape replaces the config's [model] (train.init_from); ignored "
-                            "when the run already has a checkpoint")
+                       help="a new run starts from this network: an lc0 weights file (.pb.gz, .pb), a cyzero "
+                            "fp32 ONNX export or a cyzero checkpoint; its shape replaces the config's [model] "
+                            "(train.init_from); ignored when the run already has a checkpoint")
 
     boot = sub.add_parser(
         "bootstrap",
@@ -181,9 +181,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--learner-devices", default=None,
                      help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices)")
     run.add_argument("--init-from", metavar="FILE", default=None,
-                     help="a new run starts from this network (generation 0): an lc0 weights file (.pb.gz, .pb) "
-                          "or a cyzero checkpoint; its shape replaces the config's [model] (train.init_from); "
-                          "ignored when the run already has a checkpoint")
+                     help="a new run starts from this network (generation 0): an lc0 weights file (.pb.gz, .pb), "
+                          "a cyzero fp32 ONNX export or a cyzero checkpoint; its shape replaces the config's "
+                          "[model] (train.init_from); ignored when the run already has a checkpoint")
 
     worker = sub.add_parser(
         "worker", help="self-play into a running daemon, from this or another machine",

@@ -130,8 +130,8 @@ class TrainingConfig:
     keep_checkpoints: int = _f(5, "newest checkpoints kept; older ones are deleted", min=1)
     clip_grad_norm: float = _f(10.0, "clip the global gradient norm to this (0: no clipping)", min=0.0)
     seed: int = _f(0, "network init and sampling seed", min=0)
-    init_from: str = _f("", "a new run starts from this network: an lc0 weights file (.pb.gz, .pb) or a cyzero "
-                        "checkpoint (.pt), relative to the run directory; its shape replaces the [model] "
+    init_from: str = _f("", "a new run starts from this network: an lc0 weights file (.pb.gz, .pb), a cyzero "
+                        "fp32 ONNX export (.onnx) or a cyzero checkpoint (.pt), relative to the run directory; its shape replaces the [model] "
                         "section; ignored once the run has a checkpoint (empty: a freshly initialised network)")
     amp: str = _f("bf16", "mixed precision on CUDA: bf16, fp16 (with a gradient scaler) or off; "
                   "the CPU always trains in float32", choices=("bf16", "fp16", "off"))

@@ -686,10 +686,11 @@ class _Learner:
 
     def _init_from(self) -> None:
         """A new run's network from ``train.init_from``: a checkpoint's weights as they are; an lc0
-        file's with its batch norms calibrated on the run's held-out positions (else positions from
-        random games), so that training mode starts from the function the file computes
+        file's or an ONNX export's (batch norm folded into the convolutions) with its batch norms
+        calibrated on the run's held-out positions (else positions from random games), so that
+        training mode starts from the function the file computes
         (:func:`trainer.lc0_import.calibrate_batch_norm`; eval mode's outputs do not change)."""
-        from trainer.lc0_import import calibrate_batch_norm, is_lc0_path
+        from trainer.lc0_import import calibrate_batch_norm, has_folded_batch_norm
 
         path = init_from_path(self.cfg, self.run_dir)
         source, _ = _read_init_network(path)
@@ -697,7 +698,7 @@ class _Learner:
             raise ValueError(f"train.init_from: {path} holds a {source.config.name} network unlike the run's "
                              f"[model] ({self.net_config.name}); the file changed since the run started?")
         self.net.load_state_dict(source.state_dict())
-        if not is_lc0_path(path):  # a cyzero checkpoint's batch norms have their statistics already
+        if not has_folded_batch_norm(path):  # a cyzero checkpoint's batch norms have their statistics already
             self.log(f"learner: step 0 starts from {path}")
             return
         planes = None
@@ -1531,9 +1532,10 @@ def learn(
     sampling cap is reached instead of stopping. ``log``: where one-line messages go (default
     stderr; spawned ranks send theirs to this process, except while a progress bar is on the
     console, which rank 0 then writes above the bar itself). ``init_from``: a new run starts
-    from this network (an lc0 weights file or a cyzero checkpoint; ``train.init_from``), which
-    becomes the step-0 checkpoint and generation 0 (under torchrun every rank loads it instead);
-    a run that has a checkpoint resumes from it and ignores ``init_from``.
+    from this network (an lc0 weights file, one of cyzero's fp32 ONNX exports or a cyzero
+    checkpoint; ``train.init_from``), which becomes the step-0 checkpoint and generation 0
+    (under torchrun every rank loads it instead); a run that has a checkpoint resumes from it and
+    ignores ``init_from``.
     """
     log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
