@@ -38,7 +38,8 @@ def _build_parser() -> argparse.ArgumentParser:
             "each with a .sha256 side file, written atomically. Each variant is compared with "
             "PyTorch on positions from random games first; one outside its bounds is not written "
             "(exit status 1). Without --checkpoint the network is freshly initialised from --seed; "
-            "with --from-lc0 it is rebuilt from an lc0 weights file and first compared with lc0's own graph."
+            "with --from-lc0 it is rebuilt from an lc0 weights file and first compared with lc0's own graph. "
+            "--lc0 writes the network as an lc0 weights file, OUT/NAME.pb.gz, read back and checked first."
         ),
     )
     exp.add_argument("--config", default=None,
@@ -47,7 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--seed", type=int, default=0, help="init seed (without --checkpoint) and position seed (default 0)")
     exp.add_argument("--checkpoint", metavar="PATH",
                      help="torch checkpoint: {'config': NetConfig fields, 'model': state_dict}, "
-                          "or a bare state dict together with --config")
+                          "or a bare state dict together with --config; or one of cyzero's fp32 ONNX exports "
+                          "(engine/nets/default.onnx), rebuilt in PyTorch and checked against its own graph")
     exp.add_argument("--from-lc0", metavar="FILE",
                      help="an lc0 weights file (.pb.gz, .pb) of the classical residual family: the network is "
                           "rebuilt in PyTorch from it (its shape from the file) and must match lc0's graph "
@@ -58,8 +60,15 @@ def _build_parser() -> argparse.ArgumentParser:
                           "else the averaged ones when there are any")
     exp.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     exp.add_argument("--name", default="model", help="file stem (default 'model': model.onnx, model.fp16.onnx, ...)")
-    exp.add_argument("--variants", default="fp32,fp16,int8",
-                     help="comma-separated subset of fp32,fp16,int8 (default all three)")
+    exp.add_argument("--variants", default=None,
+                     help="comma-separated subset of fp32,fp16,int8 (default all three; none with --lc0)")
+    exp.add_argument("--lc0", action="store_true",
+                     help="also write OUT/NAME.pb.gz, an lc0 weights file lc0 itself plays (read back and checked "
+                          "against PyTorch first); with --no-mlh the moves-left head is left out, which a "
+                          "softplus head must be (lc0's ends in ReLU)")
+    exp.add_argument("--lc0-encoding", default="linear16", metavar="ENC",
+                     help="the lc0 file's weight encoding: linear16 (default, what lc0's trainer writes and every "
+                          "lc0 reads), float16 or float32 (exact; lc0 0.31 and later)")
     exp.add_argument("--no-mlh", action="store_true", help="fresh network without the moves-left head")
     exp.add_argument("--se-ratio", type=int, default=None, help="SE reduction ratio of a fresh network (default 4)")
     exp.add_argument("--calibration", metavar="NPY",
@@ -322,115 +331,138 @@ def _exported_weights(path: str, step, kind) -> str:
 def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import numpy as np
 
-    from trainer.export import VARIANTS, ExportParityError, export_variants
+    from trainer.export import VARIANTS
+    from trainer.lc0_export import ENCODINGS
+    from trainer.lc0_import import is_onnx_path, read_network
     from trainer.model import NetConfig, build_net
 
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    spec = args.variants if args.variants is not None else ("" if args.lc0 else ",".join(VARIANTS))
+    variants = [v.strip() for v in spec.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
+    if bad or not (variants or args.lc0):
         parser.error(f"--variants: unknown {', '.join(bad) or '(none given)'}; choose from {','.join(VARIANTS)}")
     if args.positions < 1:
         parser.error("--positions must be at least 1")
+    if args.lc0_encoding not in ENCODINGS:
+        parser.error(f"--lc0-encoding: one of {', '.join(ENCODINGS)}")
     if args.from_lc0:
-        return _export_from_lc0(args, parser, variants)
+        clash = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--config", args.config),
+                                          ("--no-mlh", args.no_mlh and not args.lc0),
+                                          ("--se-ratio", args.se_ratio is not None)) if given]
+        if clash:
+            parser.error(f"--from-lc0 takes the network from the file: leave out {', '.join(clash)}")
+    out = sys.stderr if args.json else sys.stdout
     try:
-        overrides = {}
-        if args.no_mlh:
-            overrides["moves_left"] = False
-        if args.se_ratio is not None:
-            overrides["se_ratio"] = args.se_ratio
-        config = NetConfig.from_name(args.config, **overrides) if args.config else None
-        if args.checkpoint:
-            net, weights = _net_from_checkpoint(args.checkpoint, config, args.weights)
+        if args.from_lc0:
+            net = _net_from_lc0_checked(args, out)
+            source = args.from_lc0
+        elif args.checkpoint and is_onnx_path(args.checkpoint):
+            net, source = read_network(args.checkpoint)
         else:
-            net = build_net(config or NetConfig.from_name("6x64", **overrides), seed=args.seed)
-        calibration = None
-        if args.calibration:
-            calibration = np.load(args.calibration, allow_pickle=False)
+            overrides = {}
+            if args.no_mlh and not args.lc0:
+                overrides["moves_left"] = False
+            if args.se_ratio is not None:
+                overrides["se_ratio"] = args.se_ratio
+            config = NetConfig.from_name(args.config, **overrides) if args.config else None
+            if args.checkpoint:
+                net, weights = _net_from_checkpoint(args.checkpoint, config, args.weights)
+                source = f"{args.checkpoint}, {weights} weights"
+            else:
+                net = build_net(config or NetConfig.from_name("6x64", **overrides), seed=args.seed)
+                source = f"random init, seed {args.seed}"
+        calibration = np.load(args.calibration, allow_pickle=False) if args.calibration else None
+    except _ParityFailure as exc:
+        print(f"cyzero-train export: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
         print(f"cyzero-train export: error: {exc}", file=sys.stderr)
         return 2
-
     if not args.json:
-        source = f"{args.checkpoint}, {weights} weights" if args.checkpoint else f"random init, seed {args.seed}"
         print(f"exporting {net.config.name} ({net.num_parameters():,} parameters, {source}) to {args.out}",
               file=sys.stderr, flush=True)
-
-    def show(report):
-        if not args.json:
-            print(report.summary(), flush=True)
-
-    try:
-        reports = export_variants(
-            net, args.out, stem=args.name, variants=variants, calibration_planes=calibration,
-            seed=args.seed, check_positions=args.positions, on_report=show,
-        )
-    except ExportParityError as exc:
-        print(f"cyzero-train export: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError) as exc:
-        print(f"cyzero-train export: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps([r.to_dict() for r in reports], indent=2))
-    return 0
+    return _write_exports(args, net, variants, calibration)
 
 
+class _ParityFailure(Exception):
+    """A rebuilt network that does not compute what its file computes: exit status 1."""
 
-def _export_from_lc0(args: argparse.Namespace, parser: argparse.ArgumentParser, variants: list[str]) -> int:
-    """``export --from-lc0 FILE``: the PyTorch network rebuilt from an lc0 file, checked against lc0's
-    own graph (:func:`trainer.lc0_import.check_against_lc0`), then exported like any network."""
-    import numpy as np
 
+def _net_from_lc0_checked(args: argparse.Namespace, out):
+    """``export --from-lc0 FILE``: the PyTorch network rebuilt from an lc0 file, checked against
+    lc0's own graph (:func:`trainer.lc0_import.check_against_lc0`) on the export's check positions."""
     from engine.lc0 import read_lc0_file
-    from trainer.export import ExportParityError, export_variants, sample_positions
+    from trainer.export import sample_positions
     from trainer.lc0_import import Lc0ParityError, check_against_lc0, net_from_lc0
 
-    clash = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--config", args.config),
-                                      ("--no-mlh", args.no_mlh), ("--se-ratio", args.se_ratio is not None))
-             if given]
-    if clash:
-        parser.error(f"--from-lc0 takes the network from the file: leave out {', '.join(clash)}")
-    out = sys.stderr if args.json else sys.stdout
+    lc0net = read_lc0_file(args.from_lc0)
+    net = net_from_lc0(lc0net)
+    print(f"lc0 file {args.from_lc0}: {lc0net.description}", file=out, flush=True)
+    planes, masks = sample_positions(args.positions, seed=args.seed + 1)  # export's own check positions
     try:
-        lc0net = read_lc0_file(args.from_lc0)
-        net = net_from_lc0(lc0net)
-        calibration = np.load(args.calibration, allow_pickle=False) if args.calibration else None
-        print(f"lc0 file {args.from_lc0}: {lc0net.description}", file=out, flush=True)
-        planes, masks = sample_positions(args.positions, seed=args.seed + 1)  # export's own check positions
         numbers = check_against_lc0(net, lc0net, planes, masks)
     except Lc0ParityError as exc:
-        print(f"cyzero-train export: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError) as exc:
-        print(f"cyzero-train export: error: {exc}", file=sys.stderr)
-        return 2
+        raise _ParityFailure(str(exc)) from None
     mlh = "" if numbers["mlh_max_abs_diff"] is None else f", mlh {numbers['mlh_max_abs_diff']:.2e}"
     print(f"torch vs lc0's graph over {numbers['positions']} positions: policy {numbers['policy_max_abs_diff']:.2e} "
           f"(logit scale {numbers['policy_scale']:.2f}), wdl {numbers['wdl_max_abs_diff']:.2e}{mlh}; "
           f"best legal move agrees {100 * numbers['policy_argmax_agreement']:.1f}%", file=out, flush=True)
-    if not args.json:
-        print(f"exporting {net.config.name} ({net.num_parameters():,} parameters, from {args.from_lc0}) "
-              f"to {args.out}", file=sys.stderr, flush=True)
+    return net
+
+
+def _write_exports(args: argparse.Namespace, net, variants: list[str], calibration) -> int:
+    """The ONNX ``variants`` of ``net`` (each checked against PyTorch), then with ``--lc0`` its lc0
+    weights file, read back and checked; the reports on stdout (or one JSON list)."""
+    from trainer.export import ExportParityError, export_variants
+    from trainer.lc0_export import Lc0FileParityError
+
+    reports: list[dict] = []
 
     def show(report):
         if not args.json:
             print(report.summary(), flush=True)
 
     try:
-        reports = export_variants(
-            net, args.out, stem=args.name, variants=variants, calibration_planes=calibration,
-            seed=args.seed, check_positions=args.positions, on_report=show,
-        )
-    except ExportParityError as exc:
+        if variants:
+            reports += [r.to_dict() for r in export_variants(
+                net, args.out, stem=args.name, variants=variants, calibration_planes=calibration,
+                seed=args.seed, check_positions=args.positions, on_report=show,
+            )]
+        if args.lc0:
+            reports.append(_export_lc0_file(args, net))
+    except (ExportParityError, Lc0FileParityError) as exc:
         print(f"cyzero-train export: {exc}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:
         print(f"cyzero-train export: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([r.to_dict() for r in reports], indent=2))
+        print(json.dumps(reports, indent=2))
     return 0
+
+
+def _export_lc0_file(args: argparse.Namespace, net) -> dict:
+    """``export --lc0``: OUT/NAME.pb.gz (and its .sha256), written only after the message, read
+    back as lc0's reader reads it, computes what the PyTorch network computes
+    (:func:`trainer.lc0_export.check_lc0_file`)."""
+    from trainer.export import sample_positions
+    from trainer.lc0_export import check_lc0_file, lc0_file_bytes, write_lc0
+
+    path = os.path.join(args.out, f"{args.name}.pb.gz")
+    encoding = args.lc0_encoding
+    message = lc0_file_bytes(net, encoding=encoding, include_moves_left=False if args.no_mlh else None)
+    planes, masks = sample_positions(args.positions, seed=args.seed + 1)
+    lc0net, numbers = check_lc0_file(net, message, planes, masks, encoding=encoding, name=os.path.basename(path))
+    os.makedirs(args.out, exist_ok=True)
+    digest = write_lc0(net, path, message)
+    report = {"variant": "lc0", "path": path, "encoding": encoding, "bytes": os.path.getsize(path),
+              "sha256": digest, "description": lc0net.description, **numbers}
+    if not args.json:
+        print(f"lc0   {path}: {lc0net.description}; {encoding}, {report['bytes']:,} bytes; read back vs torch "
+              f"over {numbers['positions']} positions: policy {numbers['policy_max_abs_diff']:.2e}, "
+              f"wdl {numbers['wdl_max_abs_diff']:.2e}, best legal move agrees "
+              f"{100 * numbers['policy_argmax_agreement']:.1f}%", flush=True)
+    return report
 
 
 def learn_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

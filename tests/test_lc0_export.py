@@ -1,0 +1,278 @@
+"""cyzero networks written as lc0 weight files (trainer/lc0_export.py, ``cyzero-train export --lc0``).
+
+Every written file is read back twice: by the engine's reader (``engine.lc0``) and by the
+independent protobuf walker and NumPy forward pass of ``tests/test_lc0_files.py`` and
+``tests/lc0_files.py``, which were pinned to lc0's own outputs on the real Maia file. The real
+case is a round trip of ``../shared/fixtures/maia-1100.pb.gz`` (read, write, read) checked
+against lc0's own evaluations (``maia-1100.lc0.json``); those tests skip, saying so, where the
+fixture is absent.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import lc0_files as L
+from engine.lc0 import read_lc0, read_lc0_file
+from test_lc0_files import MAIA_JSON, MAIA_PB, _need, decode_net, fields, network_format, one
+from test_lc0_trainer import SHAPES, encoded
+from trainer.lc0_export import (
+    LC0_FILE_PARITY, Lc0ExportError, _layer, check_lc0_file, lc0_file_bytes, write_lc0,
+)
+from trainer.lc0_import import calibrate_batch_norm, net_from_lc0
+from trainer.model import Net, NetConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(REPO, "engine", "nets", "default.onnx")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def with_real_statistics(net: Net) -> Net:
+    """``net`` with batch norms that are not the identity (what a trained checkpoint holds)."""
+    planes, _ = encoded()
+    return calibrate_batch_norm(copy.deepcopy(net), np.concatenate([planes] * 4))
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert message and "\n" not in message, message
+    return message
+
+
+# --------------------------------------------------------------------------- the encoding
+
+
+def test_a_linear16_layer_is_min_max_and_uint16s_as_the_proto_lays_them_out():
+    # Layer { float min_val = 1; float max_val = 2; bytes params = 3; }, LINEAR16 by default:
+    # 0.0 -> 0, 1.0 -> 65535, 0.5 -> 32767.5, rounded to even 32768 (0x8000, little-endian)
+    golden = (b"\x0d" + struct.pack("<f", 0.0) + b"\x15" + struct.pack("<f", 1.0)
+              + b"\x1a\x06" + b"\x00\x00" + b"\xff\xff" + b"\x00\x80")
+    assert _layer(np.array([0.0, 1.0, 0.5]), "linear16") == golden
+    # a constant layer: min = max, every value 0
+    assert _layer(np.array([2.5, 2.5]), "linear16") == (b"\x0d" + struct.pack("<f", 2.5) + b"\x15"
+                                                        + struct.pack("<f", 2.5) + b"\x1a\x04" + bytes(4))
+    # float32: params 3, then encoding 4 = FLOAT32
+    assert _layer(np.array([1.5]), "float32") == b"\x1a\x04" + struct.pack("<f", 1.5) + b"\x20\x04"
+    with pytest.raises(Lc0ExportError, match="NaN"):
+        _layer(np.array([0.0, np.nan]), "linear16")
+
+
+# --------------------------------------------------------------------------- Maia, round trip
+
+
+def _maia_net():
+    _need(MAIA_PB)
+    return net_from_lc0(read_lc0_file(MAIA_PB))
+
+
+def test_maia_read_written_and_read_again_still_plays_as_lc0_evaluates_it():
+    _need(MAIA_JSON)
+    from engine.encoding import encode_position
+
+    message = lc0_file_bytes(_maia_net())
+    _, weights, other = decode_net(message)  # the independent reader
+    assert not other
+    with open(MAIA_JSON) as f:
+        expected = json.load(f)
+    spec = L.Lc0Spec(blocks=6, filters=64, se=True, se_channels=8)
+    positions = expected["positions"]
+    planes = np.stack([encode_position(p["fen"]) for p in positions])
+    policy, wdl, mlh = L.reference_forward(weights, spec, planes)
+    assert mlh is None
+    for row, position in enumerate(positions):
+        assert wdl[row, 0] - wdl[row, 2] == pytest.approx(position["v"], abs=3e-3), position["fen"]
+        assert wdl[row, 1] == pytest.approx(position["d"], abs=6e-3), position["fen"]
+        moves = position["moves"]
+        logits = np.array([policy[row, m["index"]] for m in moves.values()]) / expected["policy_temperature"]
+        shares = np.exp(logits - logits.max())
+        np.testing.assert_allclose(100.0 * shares / shares.sum(), [m["p"] for m in moves.values()],
+                                   rtol=0, atol=0.15, err_msg=position["fen"])
+
+
+def _tree(message: bytes) -> dict[str, object]:
+    """A Net message as net.proto nests it, flattened: each Layer by its field path with its number
+    of values, each scalar with its value (the weights themselves differ between writers)."""
+    out: dict[str, object] = {}
+
+    def walk(buf: bytes, prefix: str, kind: str) -> None:
+        residual = 0
+        for number, wire, value in fields(buf):
+            if kind == "net" and number in (3, 4, 10):
+                walk(value, f"{prefix}{number}/", {3: "version", 4: "format", 10: "weights"}[number])
+            elif kind == "format" and number == 2:
+                walk(value, f"{prefix}{number}/", "network_format")
+            elif kind == "weights" and number == 2:
+                walk(value, f"{prefix}2[{residual}]/", "residual")
+                residual += 1
+            elif kind == "weights" and number in (1, 3, 6, 11, 12):
+                walk(value, f"{prefix}{number}/", "convblock")
+            elif kind == "residual" and number in (1, 2):
+                walk(value, f"{prefix}{number}/", "convblock")
+            elif kind == "residual" and number == 3:
+                walk(value, f"{prefix}{number}/", "se")
+            elif kind in ("weights", "convblock", "se"):
+                assert wire == 2, (prefix, number)
+                layer = {f: v for f, _, v in fields(value)}
+                assert set(layer) <= {1, 2, 3, 4}, (prefix, number, sorted(layer))
+                width = 4 if layer.get(4, 1) == 4 else 2
+                out[f"{prefix}{number}"] = len(layer.get(3, b"")) // width
+            else:
+                out[f"{prefix}{number}"] = value if wire != 2 else bytes(value)
+    walk(message, "", "net")
+    return out
+
+
+def test_the_written_maia_is_laid_out_as_lc0s_own_file():
+    original = gzip.decompress(open(MAIA_PB, "rb").read()) if os.path.exists(MAIA_PB) else None
+    written = lc0_file_bytes(_maia_net())
+    mine, theirs = _tree(written), _tree(original)
+    layers = {k: v for k, v in theirs.items() if k.startswith("10/")}
+    # every layer of lc0's file, and nothing else, with as many values
+    assert {k: v for k, v in mine.items() if k.startswith("10/")} == layers
+    assert mine["1"] == theirs["1"] == 0x1C0  # the magic, fixed32
+    # format: LINEAR16, classical input, WDL output, SE with head formats, conv policy, WDL value
+    assert {k: v for k, v in mine.items() if k.startswith("4/")} == {
+        "4/1": 1, "4/2/1": 1, "4/2/2": 2, "4/2/3": 4, "4/2/4": 2, "4/2/5": 2, "4/2/6": 0}
+    assert {k: v for k, v in theirs.items() if k.startswith("4/")}.items() >= {
+        "4/1": 1, "4/2/1": 1, "4/2/2": 2, "4/2/3": 4, "4/2/4": 2, "4/2/5": 2}.items()
+    assert (mine["3/1"], mine["3/2"], mine.get("3/3", 0)) == (theirs["3/1"], theirs["3/2"], theirs.get("3/3", 0))
+
+
+# --------------------------------------------------------------------------- every shape
+
+
+@pytest.mark.parametrize("spec", SHAPES, ids=lambda s: f"{'se' if s.se else 'plain'}-{s.policy}-{s.value}-"
+                                                       f"{'mlh-' if s.moves_left else ''}{s.activation}")
+def test_every_classical_shape_written_reads_back_as_the_same_network(tmp_path, spec):
+    path = str(tmp_path / "source.pb.gz")
+    L.write_lc0(path, spec)
+    net = with_real_statistics(net_from_lc0(read_lc0_file(path)))
+    planes, masks = encoded()
+    for encoding in ("float32", "linear16"):
+        message = lc0_file_bytes(net, encoding=encoding)
+        lc0net, numbers = check_lc0_file(net, message, planes, masks, encoding=encoding)
+        assert numbers["policy_argmax_agreement"] == 1.0
+        w = lc0net.weights
+        assert (w.blocks, w.filters, w.se, w.policy, w.moves_left, w.activation) == (
+            spec.blocks, spec.filters, spec.se, spec.policy, spec.moves_left, spec.activation)
+        assert w.wdl  # cyzero's value head is WDL; a single value became WDL logits
+        # the independent reader and forward pass agree with the PyTorch network too
+        _, weights, _ = decode_net(message)
+        written = L.Lc0Spec(blocks=spec.blocks, filters=spec.filters, se=spec.se, se_channels=spec.se_channels,
+                            policy=spec.policy, value="wdl", moves_left=spec.moves_left,
+                            activation=spec.activation)
+        policy, wdl, _ = L.reference_forward(weights, written, planes)
+        from trainer.model import InferenceNet
+
+        with torch.no_grad():
+            ours = InferenceNet(net.eval())(torch.from_numpy(planes))
+        bound = LC0_FILE_PARITY[encoding]
+        np.testing.assert_allclose(policy, ours[0].numpy(), rtol=0, atol=bound["policy"])
+        np.testing.assert_allclose(wdl, ours[1].numpy(), rtol=0, atol=bound["wdl"])
+        nf = network_format(message)
+        assert nf[7 if spec.activation == "mish" else 1] == 1  # Mish says so; input format 1 always
+
+
+def test_cyzeros_own_network_with_real_batch_norms_is_written_exactly_in_float32():
+    net = with_real_statistics(Net(NetConfig.from_name("2x16", moves_left=False), seed=3))
+    assert float(net.stem[1].running_var.min()) != pytest.approx(1.0)  # not the identity
+    planes, masks = encoded()
+    _, numbers = check_lc0_file(net, lc0_file_bytes(net, encoding="float32"), planes, masks, encoding="float32")
+    assert numbers["policy_max_abs_diff"] < 1e-3 and numbers["wdl_max_abs_diff"] < 1e-4
+    # a batch norm with another epsilon computes the same once written
+    net.stem[1].eps = 1e-3
+    check_lc0_file(net, lc0_file_bytes(net, encoding="float32"), planes, masks, encoding="float32")
+
+
+def test_a_softplus_moves_left_head_is_refused_in_one_line_or_left_out():
+    net = Net(NetConfig.from_name("1x8"), seed=1)
+    assert net.config.moves_left and net.config.mlh_activation == "softplus"
+    with pytest.raises(Lc0ExportError) as exc:
+        lc0_file_bytes(net)
+    assert "softplus" in one_line(exc) and "--no-mlh" in one_line(exc)
+    message = lc0_file_bytes(net, include_moves_left=False)
+    assert not read_lc0(message).weights.moves_left and network_format(message)[6] == 0
+    planes, masks = encoded()
+    check_lc0_file(net, message, planes, masks)  # the rest of the network, unchanged
+    with pytest.raises(Lc0ExportError, match="no moves-left head"):
+        lc0_file_bytes(Net(NetConfig.from_name("1x8", moves_left=False)), include_moves_left=True)
+
+
+def test_a_conv_policy_writes_lc0s_80_planes_with_the_unused_seven_zero():
+    net = Net(NetConfig.from_name("1x8", moves_left=False), seed=2)
+    _, weights, _ = decode_net(lc0_file_bytes(net, encoding="float32"))
+    from trainer.lc0_import import conv_policy_planes
+
+    assert weights["policy.weights"].shape == (80, 8, 3, 3)
+    used = conv_policy_planes()
+    unused = sorted(set(range(80)) - set(used.tolist()))
+    assert unused == list(range(73, 80))
+    assert not weights["policy.weights"][unused].any() and not weights["policy.biases"][unused].any()
+    np.testing.assert_array_equal(weights["policy.weights"][used], net.policy.conv2.weight.detach().numpy())
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_export_lc0_writes_a_file_the_engine_plays_and_its_sha256(tmp_path, capsys):
+    from engine.files import verify_sha256
+    from engine.network import Network
+    from trainer.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", "--checkpoint", DEFAULT, "--lc0", "--no-mlh", "--out", str(out), "--name", "cy",
+                 "--positions", "32"]) == 0
+    printed = capsys.readouterr().out
+    assert "lc0   " in printed and "cy.pb.gz" in printed and "best legal move agrees 100.0%" in printed
+    assert sorted(os.listdir(out)) == ["cy.pb.gz", "cy.pb.gz.sha256"]  # --lc0 alone: no ONNX variants
+    path = str(out / "cy.pb.gz")
+    verify_sha256(path)
+    planes, _ = encoded()
+    theirs = Network(DEFAULT, backend="cpu")
+    mine = Network(path, backend="cpu")
+    try:
+        assert "lc0 network 6x64 SE" in mine.description
+        a, b = theirs.evaluate(planes), mine.evaluate(planes)
+        np.testing.assert_allclose(a[1], b[1], rtol=0, atol=LC0_FILE_PARITY["linear16"]["wdl"])
+        assert (a[0].argmax(1) == b[0].argmax(1)).all()
+    finally:
+        theirs.close()
+        mine.close()
+
+    # the bundled network's softplus moves-left head: one line, nothing written
+    assert main(["export", "--checkpoint", DEFAULT, "--lc0", "--out", str(tmp_path / "no"), "--positions", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "softplus" in err[-1] and "--no-mlh" in err[-1]
+    assert not (tmp_path / "no").exists()
+
+
+def test_export_from_lc0_to_lc0_round_trips_maia_with_the_onnx_variants(tmp_path, capsys):
+    _need(MAIA_PB)
+    from trainer.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", "--from-lc0", MAIA_PB, "--lc0", "--variants", "fp32", "--out", str(out),
+                 "--name", "maia", "--positions", "16", "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["variant"] for r in reports] == ["fp32", "lc0"]
+    assert reports[1]["encoding"] == "linear16" and reports[1]["policy_argmax_agreement"] == 1.0
+    again = read_lc0_file(out / "maia.pb.gz")
+    assert again.description.startswith("lc0 network 6x64 SE, classical 112-plane input, convolution policy, WDL")
+    assert one(gzip.decompress((out / "maia.pb.gz").read_bytes()), 1) is not None
