@@ -8,12 +8,26 @@ no matter which directory pytest is started from.
 import os
 import sys
 
+import pytest
+
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_TESTS_DIR)
 for _path in (_REPO_ROOT, _TESTS_DIR):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread here and in subprocesses (the environment it yields): the same sums in
+    the same order run to run, and no op's thread waits on a core another process holds (the
+    machine is shared). Files that want it everywhere say ``pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {**os.environ, "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(before)
 
 
 def pytest_configure(config):
@@ -34,8 +48,6 @@ def _cuda_missing_reason():
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return  # torch is imported only when a gpu test was collected

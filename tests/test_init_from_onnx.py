@@ -27,21 +27,12 @@ from trainer.lc0_import import (
 )
 from trainer.model import InferenceNet, Net, NetConfig
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETS = os.path.join(REPO, "engine", "nets")
 DEFAULT = os.path.join(NETS, "default.onnx")
 LEELA2ONNX = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "maia-1100.leela2onnx.onnx")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """torch on one thread (the machine is shared), as tests/test_lc0_trainer.py runs it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

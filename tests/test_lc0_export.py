@@ -30,18 +30,10 @@ from trainer.lc0_export import (
 from trainer.lc0_import import calibrate_batch_norm, net_from_lc0
 from trainer.model import Net, NetConfig
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(REPO, "engine", "nets", "default.onnx")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def with_real_statistics(net: Net) -> Net:

@@ -25,20 +25,12 @@ from trainer.learner import checkpoint_path, list_checkpoints, model_section, ne
 from trainer.config import default_config, model_differences
 from trainer.model import NetConfig
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
 MAIA = os.path.join(FIXTURES, "maia-1100.pb.gz")
 needs_maia = pytest.mark.skipif(not os.path.isfile(MAIA), reason=f"lc0 fixture {MAIA} is absent")
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """torch on one thread here and in subprocesses, as tests/test_learner.py runs it (the machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # Positions with history, both sides to move, a high rule50 count, castling and promotions.

@@ -39,7 +39,7 @@ from trainer.model import NetConfig, NetOutput, build_net
 from trainer.records import RECORD_DTYPE, Eval, make_record
 from trainer.replay import ReplaySampler, ReplayStore, WindowConfig, is_validation
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 
 
 class FakeBatch(NamedTuple):
@@ -344,18 +344,6 @@ def test_learn_writes_checkpoints_networks_generations_and_metrics(tmp_path):
     code, lines = run_learn(run, steps=12)
     assert code == 0 and any("resuming at step 10" in ln for ln in lines)
     assert [s for s, _ in list_checkpoints(run)] == [10, 12]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """torch on one thread here and in the subprocesses (the environment it yields): the same sums
-    in the same order, so that runs compare to float rounding (AdamW turns a rounding difference
-    in a near-zero gradient into a step of about lr), and no thread of an op waits on a core
-    that another process holds (the machine is shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {**os.environ, "OMP_NUM_THREADS": "1"}
-    torch.set_num_threads(before)
 
 
 def test_sigkill_mid_run_resumes_at_the_checkpoint_step_and_cursor(tmp_path, caplog, one_thread):

@@ -25,16 +25,7 @@ from trainer.replay import (
 
 from test_learner import TINY, make_run, random_game
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread here and in subprocesses: the same sums in the same order, run to run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {**os.environ, "OMP_NUM_THREADS": "1"}
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("one_thread")]
 
 
 def _store(path, chunks: int = 4, seed: int = 0) -> ReplayStore:

@@ -83,11 +83,14 @@ class Lc0ParityError(Lc0ImportError):
 def is_lc0_path(path: str | os.PathLike) -> bool:
     """Whether ``path`` is an lc0 weights file: named ``.pb.gz``/``.pb``, or gzipped (a torch
     checkpoint is a zip archive or a pickle, never gzip)."""
-    if is_lc0_file(path):
-        return True
+    return is_lc0_file(path) or _starts_with(path, b"\x1f\x8b")
+
+
+def _starts_with(path: str | os.PathLike, magic: bytes) -> bool:
+    """Whether the file ``path`` starts with ``magic`` (False when it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            return f.read(2) == b"\x1f\x8b"
+            return f.read(len(magic)) == magic
     except OSError:
         return False
 
@@ -368,13 +371,7 @@ def is_onnx_path(path: str | os.PathLike) -> bool:
     """Whether ``path`` looks like an ONNX model: named ``.onnx``, or a protobuf whose first field
     is the ``ir_version`` ONNX's ModelProto starts with (a torch checkpoint starts with ``PK`` or a
     pickle's ``0x80``, an lc0 file with gzip's ``1f 8b`` or its magic's tag ``0x0d``)."""
-    if os.fspath(path).lower().endswith(".onnx"):
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(1) == b"\x08"
-    except OSError:
-        return False
+    return os.fspath(path).lower().endswith(".onnx") or _starts_with(path, b"\x08")
 
 
 def has_folded_batch_norm(path: str | os.PathLike) -> bool:
