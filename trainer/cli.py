@@ -66,9 +66,6 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="also write OUT/NAME.pb.gz, an lc0 weights file lc0 itself plays (read back and checked "
                           "against PyTorch first); with --no-mlh the moves-left head is left out, which a "
                           "softplus head must be (lc0's ends in ReLU)")
-    exp.add_argument("--lc0-encoding", default="linear16", metavar="ENC",
-                     help="the lc0 file's weight encoding: linear16 (default, what lc0's trainer writes and every "
-                          "lc0 reads), float16 or float32 (exact; lc0 0.31 and later)")
     exp.add_argument("--no-mlh", action="store_true", help="fresh network without the moves-left head")
     exp.add_argument("--se-ratio", type=int, default=None, help="SE reduction ratio of a fresh network (default 4)")
     exp.add_argument("--calibration", metavar="NPY",
@@ -332,7 +329,6 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     import numpy as np
 
     from trainer.export import VARIANTS
-    from trainer.lc0_export import ENCODINGS
     from trainer.lc0_import import is_onnx_path, read_network
     from trainer.model import NetConfig, build_net
 
@@ -343,8 +339,6 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"--variants: unknown {', '.join(bad) or '(none given)'}; choose from {','.join(VARIANTS)}")
     if args.positions < 1:
         parser.error("--positions must be at least 1")
-    if args.lc0_encoding not in ENCODINGS:
-        parser.error(f"--lc0-encoding: one of {', '.join(ENCODINGS)}")
     if args.from_lc0:
         clash = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--config", args.config),
                                           ("--no-mlh", args.no_mlh and not args.lc0),
@@ -449,16 +443,15 @@ def _export_lc0_file(args: argparse.Namespace, net) -> dict:
     from trainer.lc0_export import check_lc0_file, lc0_file_bytes, write_lc0
 
     path = os.path.join(args.out, f"{args.name}.pb.gz")
-    encoding = args.lc0_encoding
-    message = lc0_file_bytes(net, encoding=encoding, include_moves_left=False if args.no_mlh else None)
+    message = lc0_file_bytes(net, include_moves_left=False if args.no_mlh else None)
     planes, masks = sample_positions(args.positions, seed=args.seed + 1)
-    lc0net, numbers = check_lc0_file(net, message, planes, masks, encoding=encoding, name=os.path.basename(path))
+    lc0net, numbers = check_lc0_file(net, message, planes, masks, name=os.path.basename(path))
     os.makedirs(args.out, exist_ok=True)
     digest = write_lc0(net, path, message)
-    report = {"variant": "lc0", "path": path, "encoding": encoding, "bytes": os.path.getsize(path),
+    report = {"variant": "lc0", "path": path, "bytes": os.path.getsize(path),
               "sha256": digest, "description": lc0net.description, **numbers}
     if not args.json:
-        print(f"lc0   {path}: {lc0net.description}; {encoding}, {report['bytes']:,} bytes; read back vs torch "
+        print(f"lc0   {path}: {lc0net.description}; {report['bytes']:,} bytes; read back vs torch "
               f"over {numbers['positions']} positions: policy {numbers['policy_max_abs_diff']:.2e}, "
               f"wdl {numbers['wdl_max_abs_diff']:.2e}, best legal move agrees "
               f"{100 * numbers['policy_argmax_agreement']:.1f}%", flush=True)

@@ -24,10 +24,11 @@ Where cyzero's network differs from lc0's layout, the writer converts exactly or
 * The value head is always WDL (cyzero's is; a single-value lc0 net imported into cyzero
   became WDL logits).
 
-Weights are encoded LINEAR16 (uint16 scaled into each layer's [min, max]), as lc0's trainer
-writes them and every lc0 version reads them, or float16/float32 (``encoding``), which lc0
-reads since v0.31. The file is read back with :func:`engine.lc0.read_lc0` and its graph
-compared with the PyTorch network (:func:`check_lc0_file`) before ``export --lc0`` keeps it.
+Weights are encoded LINEAR16 (uint16 scaled into each layer's [min, max]): it is what lc0's
+trainer writes and the only encoding lc0's releases read (v0.32.1 refuses any other
+``weights_encoding`` and reads a layer's bytes as uint16 whatever the layer says). The file is
+read back with :func:`engine.lc0.read_lc0` and its graph compared with the PyTorch network
+(:func:`check_lc0_file`) before ``export --lc0`` keeps it.
 """
 
 from __future__ import annotations
@@ -46,20 +47,16 @@ from trainer.atomic import atomic_write_with_sha256
 from trainer.model import RULE50_PLANE, RULE50_SCALE, ConvBN, Net
 
 __all__: Sequence[str] = [
-    "ENCODINGS", "LC0_FILE_PARITY", "Lc0ExportError", "Lc0FileParityError", "lc0_file_bytes", "write_lc0", "check_lc0_file",
+    "LC0_FILE_PARITY", "Lc0ExportError", "Lc0FileParityError", "lc0_file_bytes", "write_lc0", "check_lc0_file",
 ]
 
-#: Layer encodings the writer offers: name -> net.proto's ``Layer.Encoding`` value.
-ENCODINGS = {"linear16": 1, "float16": 2, "float32": 4}
+#: net.proto's ``Format.Encoding`` LINEAR16.
+LINEAR16 = 1
 
 #: How close the written file's graph (:func:`engine.lc0.lc0_to_onnx`) must be to the PyTorch
-#: network, per encoding: policy logits and WDL probabilities, max absolute difference (a
-#: 16-bit encoding rounds each weight to 1/65535 of its layer's range, or to 11 bits).
-LC0_FILE_PARITY = {
-    "linear16": {"policy": 5e-2, "wdl": 5e-3, "mlh": 5e-2},
-    "float16": {"policy": 5e-2, "wdl": 1e-2, "mlh": 5e-2},
-    "float32": {"policy": 1e-3, "wdl": 1e-4, "mlh": 1e-4},
-}
+#: network: policy logits and WDL probabilities, max absolute difference (LINEAR16 rounds each
+#: weight to 1/65535 of its layer's range; the bundled network stays within 8e-3 and 2.2e-3).
+LC0_FILE_PARITY = {"policy": 5e-2, "wdl": 5e-3, "mlh": 5e-2}
 
 
 class Lc0ExportError(ValueError):
@@ -105,34 +102,32 @@ def _length_delimited(number: int, payload: bytes) -> bytes:
     return _tag(number, 2) + _varint(len(payload)) + payload
 
 
-def _layer(values: np.ndarray | torch.Tensor, encoding: str) -> bytes:
-    """A ``Layer`` message (min_val 1, max_val 2, params 3, encoding 4) of ``values``, row-major."""
+def _layer(values: np.ndarray | torch.Tensor) -> bytes:
+    """A LINEAR16 ``Layer`` message (min_val 1, max_val 2, params 3) of ``values``, row-major:
+    each value as round((v - min) / (max - min) * 65535)."""
     flat = np.asarray(values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values,
                       dtype=np.float64).ravel()
     if not np.isfinite(flat).all():
         raise Lc0ExportError("a layer holds NaN or infinite weights")
-    if encoding == "linear16":
-        lo, hi = np.float32(flat.min()), np.float32(flat.max())
-        span = float(hi) - float(lo)
-        q = np.rint((flat - float(lo)) / span * 65535.0) if span > 0 else np.zeros_like(flat)
-        params = np.clip(q, 0, 65535).astype("<u2").tobytes()
-        return _float32(1, float(lo)) + _float32(2, float(hi)) + _length_delimited(3, params)
-    dtype = {"float16": "<f2", "float32": "<f4"}[encoding]
-    return _length_delimited(3, flat.astype(dtype).tobytes()) + _uint(4, ENCODINGS[encoding])
+    lo, hi = np.float32(flat.min()), np.float32(flat.max())
+    span = float(hi) - float(lo)
+    q = np.rint((flat - float(lo)) / span * 65535.0) if span > 0 else np.zeros_like(flat)
+    params = np.clip(q, 0, 65535).astype("<u2").tobytes()
+    return _float32(1, float(lo)) + _float32(2, float(hi)) + _length_delimited(3, params)
 
 
 # --------------------------------------------------------------------------- the network
 
 
-def _conv_bn_block(module: ConvBN, encoding: str, weight: torch.Tensor | None = None) -> bytes:
+def _conv_bn_block(module: ConvBN, weight: torch.Tensor | None = None) -> bytes:
     """A conv + batch norm pair as lc0's ConvBlock: weights 1, bn_means 3, bn_stddivs 4 (lc0 reads
     variances there), bn_gammas 5, bn_betas 6.
 
     Written in the form that keeps the most precision in 16 bits, computing the same in eval
     mode: each output channel's weights scaled to a largest magnitude of 1 (a layer's LINEAR16
     range is then no wider than one channel's), the channel's scale and the batch norm's
-    statistics moved into gamma and beta, means 0 and variances ``1 - eps`` (exact in any
-    encoding, so lc0's fold ``gamma / sqrt(var + eps)`` is gamma itself).
+    statistics moved into gamma and beta, means 0 and variances ``1 - eps`` (constant layers,
+    which LINEAR16 holds exactly, so lc0's fold ``gamma / sqrt(var + eps)`` is gamma itself).
     """
     conv, bn = module[0], module[1]
     if conv.bias is not None:
@@ -146,19 +141,18 @@ def _conv_bn_block(module: ConvBN, encoding: str, weight: torch.Tensor | None = 
     magnitude = torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))
     gamma = bn_scale * magnitude
     beta = bn.bias.double() - bn_scale * bn.running_mean.double()
-    return (_length_delimited(1, _layer(w / magnitude[:, None, None, None], encoding))
-            + _length_delimited(3, _layer(np.zeros(len(gamma)), encoding))
-            + _length_delimited(4, _layer(np.full(len(gamma), 1.0 - BN_EPSILON), encoding))
-            + _length_delimited(5, _layer(gamma, encoding))
-            + _length_delimited(6, _layer(beta, encoding)))
+    return (_length_delimited(1, _layer(w / magnitude[:, None, None, None]))
+            + _length_delimited(3, _layer(np.zeros(len(gamma))))
+            + _length_delimited(4, _layer(np.full(len(gamma), 1.0 - BN_EPSILON)))
+            + _length_delimited(5, _layer(gamma))
+            + _length_delimited(6, _layer(beta)))
 
 
-def _dense(module: nn.Linear, w_field: int, b_field: int, encoding: str) -> bytes:
-    return (_length_delimited(w_field, _layer(module.weight, encoding))
-            + _length_delimited(b_field, _layer(module.bias, encoding)))
+def _dense(module: nn.Linear, w_field: int, b_field: int) -> bytes:
+    return _length_delimited(w_field, _layer(module.weight)) + _length_delimited(b_field, _layer(module.bias))
 
 
-def _conv_policy_block(net: Net, encoding: str) -> bytes:
+def _conv_policy_block(net: Net) -> bytes:
     """cyzero's 73-plane policy convolution as lc0's 80-plane one (weights 1, biases 2)."""
     from trainer.lc0_import import conv_policy_planes
 
@@ -168,56 +162,50 @@ def _conv_policy_block(net: Net, encoding: str) -> bytes:
     b = np.zeros(LC0_POLICY_PLANES, np.float64)
     w[planes] = conv.weight.detach().double().numpy()
     b[planes] = conv.bias.detach().double().numpy()
-    return _length_delimited(1, _layer(w, encoding)) + _length_delimited(2, _layer(b, encoding))
+    return _length_delimited(1, _layer(w)) + _length_delimited(2, _layer(b))
 
 
-def _weights(net: Net, encoding: str, moves_left: bool) -> bytes:
+def _weights(net: Net, moves_left: bool) -> bytes:
     """The ``Weights`` message (net.proto's field numbers)."""
     c = net.config
     stem = net.stem[0].weight.detach().double().clone()
     stem[:, RULE50_PLANE] *= RULE50_SCALE  # lc0 feeds the raw rule50 count
-    out = _length_delimited(1, _conv_bn_block(net.stem, encoding, stem))
+    out = _length_delimited(1, _conv_bn_block(net.stem, stem))
     for block in net.blocks:
-        residual = (_length_delimited(1, _conv_bn_block(block.conv1, encoding))
-                    + _length_delimited(2, _conv_bn_block(block.conv2, encoding)))
+        residual = _length_delimited(1, _conv_bn_block(block.conv1)) + _length_delimited(2, _conv_bn_block(block.conv2))
         if block.se is not None:
-            residual += _length_delimited(3, _dense(block.se.fc1, 1, 2, encoding) + _dense(block.se.fc2, 3, 4, encoding))
+            residual += _length_delimited(3, _dense(block.se.fc1, 1, 2) + _dense(block.se.fc2, 3, 4))
         out += _length_delimited(2, residual)
     if c.policy_head == "conv":
-        out += _length_delimited(11, _conv_bn_block(net.policy.conv1, encoding))
-        out += _length_delimited(3, _conv_policy_block(net, encoding))
+        out += _length_delimited(11, _conv_bn_block(net.policy.conv1))
+        out += _length_delimited(3, _conv_policy_block(net))
     else:
-        out += _length_delimited(3, _conv_bn_block(net.policy.conv, encoding))
-        out += _dense(net.policy.fc, 4, 5, encoding)
-    out += _length_delimited(6, _conv_bn_block(net.value_conv, encoding))
-    out += _dense(net.value_fc1, 7, 8, encoding) + _dense(net.value_fc2, 9, 10, encoding)
+        out += _length_delimited(3, _conv_bn_block(net.policy.conv)) + _dense(net.policy.fc, 4, 5)
+    out += _length_delimited(6, _conv_bn_block(net.value_conv))
+    out += _dense(net.value_fc1, 7, 8) + _dense(net.value_fc2, 9, 10)
     if moves_left:
-        out += _length_delimited(12, _conv_bn_block(net.mlh_conv, encoding))
-        out += _dense(net.mlh_fc1, 13, 14, encoding) + _dense(net.mlh_fc2, 15, 16, encoding)
+        out += _length_delimited(12, _conv_bn_block(net.mlh_conv))
+        out += _dense(net.mlh_fc1, 13, 14) + _dense(net.mlh_fc2, 15, 16)
     return out
 
 
-def _min_version(net: Net, encoding: str, moves_left: bool) -> tuple[int, int, int]:
+def _min_version(net: Net, moves_left: bool) -> tuple[int, int, int]:
     """The oldest lc0 that runs the file: conv policy and WDL need 0.21 (Maia's files say so),
-    a moves-left head 0.26, Mish 0.28, a layer encoding other than LINEAR16 0.31."""
+    a moves-left head 0.26, Mish 0.28."""
     version = (0, 21, 0)
-    for needed, minimum in ((moves_left, (0, 26, 0)), (net.config.activation == "mish", (0, 28, 0)),
-                            (encoding != "linear16", (0, 31, 0))):
+    for needed, minimum in ((moves_left, (0, 26, 0)), (net.config.activation == "mish", (0, 28, 0))):
         if needed:
             version = max(version, minimum)
     return version
 
 
-def lc0_file_bytes(net: Net, encoding: str = "linear16", include_moves_left: bool | None = None,
-                   license: str = "") -> bytes:
+def lc0_file_bytes(net: Net, include_moves_left: bool | None = None, license: str = "") -> bytes:
     """``net`` as an uncompressed lc0 ``Net`` message; see the module doc for the layout.
 
     ``include_moves_left``: None writes the moves-left head when lc0 can run it as it is (a
     ReLU output) and refuses a softplus one; False leaves it out; True insists on it.
     :class:`Lc0ExportError` (one line) for what the lc0 format cannot hold.
     """
-    if encoding not in ENCODINGS:
-        raise Lc0ExportError(f"unknown layer encoding {encoding!r}: one of {', '.join(ENCODINGS)}")
     c = net.config
     if c.activation not in ("relu", "mish"):
         raise Lc0ExportError(f"the activation {c.activation!r}: lc0's files hold ReLU or Mish networks")
@@ -234,14 +222,14 @@ def lc0_file_bytes(net: Net, encoding: str = "linear16", include_moves_left: boo
                       + _uint(5, 2)                    # VALUE_WDL
                       + _uint(6, 1 if moves_left else 0)
                       + (_uint(7, 1) if c.activation == "mish" else b""))  # DEFAULT_ACTIVATION_MISH
-    fmt = _uint(1, ENCODINGS["linear16"]) + _length_delimited(2, network_format)
-    major, minor, patch = _min_version(net, encoding, moves_left)
+    fmt = _uint(1, LINEAR16) + _length_delimited(2, network_format)
+    major, minor, patch = _min_version(net, moves_left)
     message = (_fixed32(1, MAGIC)
                + (_length_delimited(2, license.encode("utf-8")) if license else b"")
                + _length_delimited(3, _uint(1, major) + _uint(2, minor) + _uint(3, patch))
                + _length_delimited(4, fmt))
     with torch.no_grad():
-        return message + _length_delimited(10, _weights(net, encoding, moves_left))
+        return message + _length_delimited(10, _weights(net, moves_left))
 
 
 def write_lc0(net: Net, path: str | os.PathLike, message: bytes | None = None, **options) -> str:
@@ -263,10 +251,10 @@ def _without_moves_left(net: Net) -> Net:
 
 
 def check_lc0_file(net: Net, message: bytes, planes: np.ndarray, masks: np.ndarray | None = None,
-                   encoding: str = "linear16", name: str = "the written file") -> tuple[Lc0Net, dict]:
+                   name: str = "the written file") -> tuple[Lc0Net, dict]:
     """Read ``message`` back as lc0's reader does (:func:`engine.lc0.read_lc0`) and compare its
     graph with ``net`` on ``planes`` (:func:`trainer.lc0_import.compare_with_lc0`); Lc0ExportError
-    when a figure is outside :data:`LC0_FILE_PARITY` for the encoding. Returns what was read and
+    when a figure is outside :data:`LC0_FILE_PARITY`. Returns what was read and
     the figures."""
     from trainer.lc0_import import compare_with_lc0, parity_failures
 
@@ -274,7 +262,7 @@ def check_lc0_file(net: Net, message: bytes, planes: np.ndarray, masks: np.ndarr
     if net.config.moves_left and not lc0net.weights.moves_left:  # the head was left out
         net = _without_moves_left(net)
     numbers = compare_with_lc0(net, lc0net, planes, masks)
-    failures = parity_failures(numbers, LC0_FILE_PARITY[encoding])
+    failures = parity_failures(numbers, LC0_FILE_PARITY)
     if failures:
         raise Lc0FileParityError(f"{name} read back disagrees with the network over {numbers['positions']} positions: "
                              + "; ".join(failures))
