@@ -8,7 +8,7 @@ modules import them from here, so neither imports the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 __all__ = ["Budget", "GoParams"]
@@ -30,6 +30,21 @@ class GoParams:
     infinite: bool = False             # search until stop
     ponder: bool = False               # pondering: search until ponderhit or stop
     searchmoves: list[str] = field(default_factory=list)  # restrict the root to these UCI moves
+
+    def with_node_cap(self, cap: int) -> "GoParams":
+        """This ``go`` under a standing cap of ``cap`` nodes per move (UCI ``NodesPerMove``; 0: none).
+
+        The one place of the rule. A cap caps: ``go nodes N`` searches ``min(N, cap)``; every
+        other ``go`` (a clock, ``movetime``, ``depth``, ``mate``, a bare ``go``) gets ``nodes
+        cap`` besides its own limits and stops at whichever comes first, so a clock is never
+        spent past the cap. ``go ponder`` is capped too: a capped engine's move after
+        ``ponderhit`` must come from as many nodes as any other (a Maia at one node pondering
+        on would play stronger than its rating band). Only ``go infinite`` is not: it is an
+        analysis the user asked to run until ``stop``, not a move of a game.
+        """
+        if not cap or self.infinite:
+            return self
+        return replace(self, nodes=cap if self.nodes is None else min(self.nodes, cap))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Any, Optional
 from engine.params import Param, SearchParams
 
 DEFAULT_WEIGHTS = "<default>"
+# NodesPerMove's largest value: far beyond any tree that fits in memory, within a GUI's 32-bit spin.
+MAX_NODES_PER_MOVE = 1_000_000_000
 
 
 @dataclass
@@ -128,6 +130,11 @@ def engine_options() -> list[Option]:
         Option("GPU", "spin", 0, 0, 15),
         Option("Threads", "spin", default_threads(), 1, 512),
         Option("Ponder", "check", False),
+        # Caps the nodes of every move (0: no cap), for GUIs and bots that send only clocks:
+        # 1 plays the network's top policy move after one evaluation, as lc0 plays Maia with
+        # `go nodes 1`. `go nodes N` searches min(N, cap); `go infinite` is not capped (the
+        # rule: engine.limits.GoParams.with_node_cap). Not lc0's: lc0 has no such option.
+        Option("NodesPerMove", "spin", 0, 0, MAX_NODES_PER_MOVE),
         Option("UCI_ShowWDL", "check", False),
         Option("UCI_Chess960", "check", False),
         Option("UCI_AnalyseMode", "check", False),

@@ -202,6 +202,7 @@ class Session:
             for text in problems[:-1]:
                 self.error(f"{text} (ignored)")
             self.error(f"{problems[-1]} (ignored); searching {format_go(go)!r}")
+        go = go.with_node_cap(self.options["NodesPerMove"])
         if self.searcher.searching:
             self.searcher.stop()    # its bestmove now; its thread ends in the background
         self._apply_pending_options()
