@@ -699,3 +699,125 @@ def test_stockfish_at_its_lowest_elo_beats_the_random_mover_cleanly(fake, capsys
     assert data["games"] == 2 and data["wins"] == 0  # the random mover never beats it
     for key in ("time_forfeits", "illegal_moves", "crashes", "disconnects"):
         assert sf[key] == 0, key
+
+
+# --------------------------------------------------------------------------- per-engine nodes
+
+GO_LOGGER = textwrap.dedent(
+    r'''
+    """A random mover that appends every `go` line it gets to the file argv[1]."""
+    import random, sys
+    import chess
+
+    log = open(sys.argv[1], "a", encoding="utf-8")
+    board = chess.Board()
+    rng = random.Random(1)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "uci":
+            print("id name go-logger\nuciok", flush=True)
+        elif words[0] == "isready":
+            print("readyok", flush=True)
+        elif words[0] == "position":
+            fen = " ".join(words[2:words.index("moves") if "moves" in words else None])
+            board = chess.Board() if words[1] == "startpos" else chess.Board(fen)
+            for uci in words[words.index("moves") + 1:] if "moves" in words else []:
+                board.push_uci(uci)
+        elif words[0] == "go":
+            log.write(line.strip() + "\n")
+            log.flush()
+            print(f"bestmove {rng.choice(list(board.legal_moves)).uci()}", flush=True)
+        elif words[0] == "quit":
+            break
+    '''
+)
+
+
+@pytest.fixture
+def go_logger(tmp_path):
+    """go_logger(name) -> (engine command, path of the file its `go` lines go to)."""
+    script = tmp_path / "go_logger.py"
+    script.write_text(GO_LOGGER)
+
+    def command(name):
+        log = tmp_path / f"{name}.log"
+        return " ".join(m.shlex.quote(a) for a in (sys.executable, str(script), str(log))), log
+
+    return command
+
+
+@pytest.fixture
+def start_only(tmp_path):
+    """An openings file of the start position alone: a game with --adjudicate-moves N is N moves each."""
+    path = tmp_path / "start.epd"
+    path.write_text(chess.STARTING_FEN + "\n")
+    return str(path)
+
+
+def _go_lines(log):
+    lines = log.read_text().splitlines()
+    assert lines, "the engine got no go"
+    return lines
+
+
+def test_an_engine_with_its_own_nodes_gets_them_with_the_clock(go_logger, start_only, tmp_path, capsys):
+    (e1, log1), (e2, log2) = go_logger("one"), go_logger("two")
+    pgn = tmp_path / "out.pgn"
+    argv = ["match", "--engine1", e1, "--engine2", e2, "--engine1-nodes", "1", "--games", "2", "--tc", "30+0.5",
+            "--adjudicate-moves", "5", "--openings", start_only, "--pgn", str(pgn), "--json"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    # cutechess-cli's form: the clock as for any engine, and `nodes N` after it.
+    for line in _go_lines(log1):
+        assert re.fullmatch(r"go wtime \d+ btime \d+ winc 500 binc 500 nodes 1", line), line
+    for line in _go_lines(log2):
+        assert re.fullmatch(r"go wtime \d+ btime \d+ winc 500 binc 500", line), line
+    assert (data["engine1"]["nodes"], data["engine1"]["limit"]) == (1, "30+0.5, nodes=1")
+    assert (data["engine2"]["nodes"], data["engine2"]["limit"]) == (None, "30+0.5")
+    assert data["time_control"] == "30+0.5" and data["games"] == 2
+    for game, engine1_white in zip(_read_pgn(pgn), (True, False)):
+        h = game.headers
+        assert h["TimeControl"] == "30+0.5"
+        own, other = ("White", "Black") if engine1_white else ("Black", "White")
+        assert (h[f"{own}SearchLimit"], h[f"{other}SearchLimit"]) == ("30+0.5, nodes=1", "30+0.5"), h
+    assert cli.main(argv[:-1]) == 0
+    assert "\nlimits: go-logger (nodes=1) 30+0.5, nodes=1; go-logger 30+0.5\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("limit, go1, go2", [
+    (["--nodes", "5"], "go nodes 5", "go nodes 1"),            # its own nodes replace --nodes
+    (["--movetime", "200"], "go movetime 200", "go nodes 1 movetime 200"),
+])
+def test_own_nodes_with_nodes_or_movetime(go_logger, start_only, capsys, limit, go1, go2):
+    (e1, log1), (e2, log2) = go_logger("one"), go_logger("two")
+    argv = ["match", "--engine1", e1, "--engine2", e2, "--engine2-nodes", "1", "--games", "1",
+            "--adjudicate-moves", "3", "--openings", start_only, "--json", *limit]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(_go_lines(log1)) == {go1} and set(_go_lines(log2)) == {go2}
+    assert data["engine2"]["nodes"] == 1 and data["engine1"]["nodes"] is None
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "1.5", "many"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_bad_engine_nodes_are_argparse_errors(fake, capsys, n, value):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["match", "--engine1", fake("random"), "--engine2", fake("random"), f"--engine{n}-nodes", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and f"argument --engine{n}-nodes: must be a whole number of nodes, 1 or more" in err, err
+
+
+def test_cyzero_at_one_node_plays_a_real_game_on_a_clock(capsys):
+    """As a Maia would play on lichess: cyzero at one node per move against another engine's clock."""
+    random_mover = f"{m.shlex.quote(sys.executable)} -m engine.tools.random_mover --seed 3"
+    argv = ["match", "--engine1-option", "Backend=cpu", "--engine1-nodes", "1", "--engine2", random_mover,
+            "--games", "1", "--tc", "60+1", "--adjudicate-moves", "40", "--seed", "2", "--json"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["games"] == 1 and data["engine1"]["limit"] == "60+1, nodes=1"
+    for engine in ("engine1", "engine2"):
+        for key in ("time_forfeits", "illegal_moves", "crashes", "disconnects"):
+            assert data[engine][key] == 0, (engine, key)

@@ -5,7 +5,10 @@ Two engine commands (cyzero by default, Debian's ``stockfish`` with
 python-chess's asyncio engine API:
 
 - under a clock (``10+0.1``: base seconds + increment), a fixed number of
-  nodes, or a fixed time per move;
+  nodes, or a fixed time per move; an engine may also have nodes of its own
+  (``--engine1-nodes 1``, cutechess-cli's per-engine ``nodes=``), sent besides the
+  clock (``go wtime .. btime .. winc .. binc .. nodes 1``), which is still kept: a
+  Maia at one node can play Stockfish on a clock;
 - from a bundled set of varied, balanced openings (``engine/tools/openings.txt``),
   each opening played twice with colours reversed, so games come in pairs;
 - K games at once (``--concurrency``), each worker with its own two engine
@@ -350,6 +353,7 @@ class EngineSpec:
     options: list[tuple[str, str]] = field(default_factory=list)
     name: Optional[str] = None  # overrides the engine's `id name`
     clamp: frozenset = frozenset()  # spin options clamped into the engine's range instead of refused
+    nodes: Optional[int] = None  # its own nodes per move, sent besides the match's limit (replaces --nodes)
 
 
 @dataclass
@@ -714,7 +718,9 @@ class _Match:
 
     # ------------------------------------------------------------------ one game
 
-    def _limit(self, clocks: dict) -> chess.engine.Limit:
+    def _limit(self, clocks: dict, spec: EngineSpec) -> chess.engine.Limit:
+        """What one engine's ``go`` says: the match's limit, and the engine's own nodes besides it
+        (as cutechess-cli sends ``go wtime .. btime .. nodes N``; they replace ``--nodes``)."""
         tc = self.config.time_control
         if tc.kind == "clock":
             return chess.engine.Limit(
@@ -722,10 +728,11 @@ class _Match:
                 black_clock=max(clocks[chess.BLACK], 0.001),
                 white_inc=tc.increment,
                 black_inc=tc.increment,
+                nodes=spec.nodes,
             )
         if tc.kind == "nodes":
-            return chess.engine.Limit(nodes=tc.nodes)
-        return chess.engine.Limit(time=tc.movetime)
+            return chess.engine.Limit(nodes=spec.nodes if spec.nodes is not None else tc.nodes)
+        return chess.engine.Limit(time=tc.movetime, nodes=spec.nodes)
 
     def _guard(self, clock: float) -> float:
         tc = self.config.time_control
@@ -772,7 +779,8 @@ class _Match:
             color = board.turn
             engine = by_color[color]
             side = f"{_side(color)} ({engine.label})"
-            kind, value, elapsed = await engine.play(board, self._limit(clocks), self._guard(clocks[color]))
+            limit = self._limit(clocks, engine.spec)
+            kind, value, elapsed = await engine.play(board, limit, self._guard(clocks[color]))
 
             if kind == "hang":
                 engine.stats.time_forfeits += 1
@@ -985,8 +993,10 @@ def _display_names(pair: tuple, cfg: MatchConfig) -> tuple:
     if n1 == n2:
 
         def suffix(engine: _Engine) -> str:
-            opts = ", ".join(f"{k}={v}" for k, v in engine.applied_options.items() if k not in ("UCI_LimitStrength",))
-            return f" ({opts})" if opts else ""
+            opts = [f"{k}={v}" for k, v in engine.applied_options.items() if k not in ("UCI_LimitStrength",)]
+            if engine.spec.nodes is not None:
+                opts.append(f"nodes={engine.spec.nodes}")
+            return f" ({', '.join(opts)})" if opts else ""
 
         s1, s2 = suffix(e1), suffix(e2)
         if s1 == s2:
@@ -1030,6 +1040,15 @@ def run_match(config: MatchConfig, progress: Optional[Callable[[str], None]] = N
 # --------------------------------------------------------------------------- PGN
 
 
+def engine_limit(tc: TimeControl, spec: EngineSpec) -> str:
+    """One engine's limit in words: the match's, with its own nodes (``10+0.1, nodes=1``)."""
+    if spec.nodes is None:
+        return str(tc)
+    if tc.kind == "nodes":
+        return f"nodes={spec.nodes}"
+    return f"{tc}, nodes={spec.nodes}"
+
+
 def game_to_pgn(record: GameRecord, config: MatchConfig, date: str = "????.??.??") -> chess.pgn.Game:
     game = chess.pgn.Game()
     h = game.headers
@@ -1049,6 +1068,10 @@ def game_to_pgn(record: GameRecord, config: MatchConfig, date: str = "????.??.??
     h["TimeControl"] = config.time_control.pgn_tag()
     if config.time_control.kind != "clock":
         h["SearchLimit"] = str(config.time_control)
+    if config.engine1.nodes is not None or config.engine2.nodes is not None:
+        white, black = (config.engine1, config.engine2) if record.engine1_white else (config.engine2, config.engine1)
+        h["WhiteSearchLimit"] = engine_limit(config.time_control, white)
+        h["BlackSearchLimit"] = engine_limit(config.time_control, black)
     h["Termination"] = record.termination
     h["PlyCount"] = str(len(opening.moves) + len(record.moves))
     node = game
@@ -1143,6 +1166,8 @@ def summary(result: MatchResult) -> dict:
                 "name": result.names[i],
                 "command": spec.command,
                 "options": {k: v for k, v in result.options[i].items()},
+                "nodes": spec.nodes,
+                "limit": engine_limit(result.config.time_control, spec),
                 **result.stats[i].as_dict(),
             }
         )
@@ -1225,6 +1250,10 @@ def format_summary(result: MatchResult) -> str:
     lines = [
         f"{n1} vs {n2}: {s['games']} games, {s['time_control']}, concurrency {s['concurrency']}, "
         f"openings {os.path.basename(s['openings'])} (seed {s['seed']})",
+    ]
+    if s["engine1"]["nodes"] is not None or s["engine2"]["nodes"] is not None:
+        lines.append(f"limits: {n1} {s['engine1']['limit']}; {n2} {s['engine2']['limit']}")
+    lines += [
         "",
         f"{'engine':<{width}}  {'wins':>5} {'losses':>6} {'draws':>5} {'score':>7}",
     ]
@@ -1274,7 +1303,8 @@ def parse_resign(text: Optional[str]) -> Optional[tuple]:
 def config_from_args(args: argparse.Namespace) -> MatchConfig:
     """The match :func:`add_parser` parsed; MatchError for arguments that make no sense."""
     e1_command = parse_command(args.engine1) if args.engine1 else default_engine_command()
-    e1 = EngineSpec(e1_command, [parse_option(o) for o in args.engine1_option or []], args.engine1_name)
+    e1 = EngineSpec(e1_command, [parse_option(o) for o in args.engine1_option or []], args.engine1_name,
+                    nodes=args.engine1_nodes)
     if args.engine2:
         e2_command = parse_command(args.engine2)
     elif args.stockfish_elo is not None:
@@ -1286,7 +1316,7 @@ def config_from_args(args: argparse.Namespace) -> MatchConfig:
     if args.stockfish_elo is not None:
         e2_options += [("UCI_LimitStrength", "true"), ("UCI_Elo", str(args.stockfish_elo))]
         clamp = frozenset({"UCI_Elo"})
-    e2 = EngineSpec(e2_command, e2_options, args.engine2_name, clamp)
+    e2 = EngineSpec(e2_command, e2_options, args.engine2_name, clamp, nodes=args.engine2_nodes)
 
     if args.nodes is not None:
         if args.nodes < 1:
@@ -1362,6 +1392,17 @@ def _sprt_rate(text: str) -> float:
     return rate
 
 
+def _engine_nodes(text: str) -> int:
+    """argparse type of --engine1-nodes / --engine2-nodes: a whole number of nodes, 1 or more."""
+    try:
+        nodes = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of nodes, 1 or more, got {text!r}") from None
+    if nodes < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of nodes, 1 or more, got {text!r}")
+    return nodes
+
+
 def add_parser(commands) -> argparse.ArgumentParser:
     match = commands.add_parser(
         "match",
@@ -1386,6 +1427,16 @@ def add_parser(commands) -> argparse.ArgumentParser:
             help=f"set a UCI option of engine {n} (repeatable)",
         )
         match.add_argument(f"--engine{n}-name", metavar="NAME", help=f"engine {n}'s name (default: its `id name`)")
+        match.add_argument(
+            f"--engine{n}-nodes",
+            type=_engine_nodes,
+            metavar="N",
+            help=f"engine {n}'s own nodes per move, as cutechess-cli's per-engine nodes=N: its `go` "
+            "carries `nodes N` besides the clock or --movetime (`go wtime .. btime .. nodes N`), "
+            "whose time is still kept and can still run out; with --nodes it replaces that for "
+            f"engine {n}. E.g. a Maia network at one node (--engine{n}-option WeightsFile=maia-1100.pb.gz "
+            f"--engine{n}-nodes 1) against Stockfish on a clock",
+        )
     match.add_argument(
         "--stockfish-elo",
         type=int,
@@ -1454,7 +1505,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="S",
-        help="with --nodes, a move not made within S seconds is stopped and loses on time (default 60)",
+        help="with --nodes (and no clock or --movetime), a move not made within S seconds is stopped "
+        "and loses on time (default 60)",
     )
     match.add_argument(
         "--handshake-timeout",
