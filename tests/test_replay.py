@@ -238,6 +238,19 @@ def test_validation_chunks_are_held_out(tmp_path, monkeypatch):
     assert np.array_equal(_ids(validation_batch(store, window, 25, seed=3)), _ids(val))   # fixed
 
 
+def test_a_store_whose_every_chunk_is_held_out_says_so_and_how_to_train(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill(store, [30])
+    sampler = ReplaySampler(store, WindowConfig(floor=1000, val_percent=100.0), batch_size=8)
+    assert (sampler.training_positions, sampler.held_out_positions) == (0, 30)
+    with pytest.raises(DataStarved) as exc:
+        sampler.advance()
+    message = str(exc.value)
+    assert "all 30 positions" in message and "held out for validation" in message
+    assert "replay.val_percent = 0" in message and "\n" not in message
+    assert ReplaySampler(store, WindowConfig(floor=1000, **NO_VAL), batch_size=8).held_out_positions == 0
+
+
 def test_cap_starves_the_loader_until_new_data_arrives(tmp_path):
     store = ReplayStore(tmp_path)
     _fill(store, [40, 40])

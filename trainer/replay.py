@@ -505,6 +505,7 @@ class ReplaySampler:
         self.version = 0               # bumped whenever the plan changes (new snapshot, new cursor)
         self.snapshot_records = -1     # manifest records the snapshot replays
         self.training_positions = 0
+        self.held_out_positions = 0    # in chunks held out for validation (replay.val_percent)
         self.window_positions = 0
         self._plan = _Window(self.seed, self.batch_size, [], np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0)
         self.refresh()
@@ -519,6 +520,7 @@ class ReplaySampler:
         self._plan = _Window(self.seed, self.batch_size, [e.name for e in train[first:]], sizes[first:],
                              (ends - sizes)[first:], total - size, total)
         self.training_positions = total
+        self.held_out_positions = sum(e.positions for e in entries) - total
         self.window_positions = size
         live = {e.name for e in entries}
         self.chunk_samples = {n: c for n, c in self.chunk_samples.items() if n in live}
@@ -555,6 +557,11 @@ class ReplaySampler:
         return max(0, int((cap - self.samples_drawn) // self.batch_size))
 
     def starved_message(self) -> str:
+        if self.training_positions == 0 and self.held_out_positions:
+            # The split is by chunk name (as KataGo's), so with one or a few chunks it can take them all.
+            return (f"all {self.held_out_positions:,} positions in {self.store.manifest} are in chunks held out "
+                    f"for validation (replay.val_percent = {self.window.val_percent:g} picks chunks by the hash "
+                    "of their names): add more data, or set replay.val_percent = 0 in the run's config.toml")
         if self.training_positions == 0:
             return (f"{self.store.manifest} lists no training positions yet: add data first "
                     "(cyzero-train bootstrap, or self-play)")
