@@ -561,13 +561,19 @@ def test_the_summary_prints_an_interval_only_where_it_means_something(wins, loss
     assert "inf]" not in line
 
 
-def test_an_engine_that_never_answers_uci_stops_the_match_with_a_clear_error(fake, capsys):
+# Answers the handshake at once, without a Python start-up that a loaded machine can stretch past the
+# timeout (the fake engine did, once, in a clean-clone make test: engine1 was named instead of engine2).
+INSTANT_HANDSHAKE = ("sh -c 'while read -r line; do case \"$line\" in uci) echo uciok;; "
+                     "isready) echo readyok;; quit) exit 0;; esac; done'")
+
+
+def test_an_engine_that_never_answers_uci_stops_the_match_with_a_clear_error(capsys):
     # `cat` echoes `uci` back and never says `uciok`.
-    argv = ["match", "--engine1", fake("random"), "--engine2", "cat", "--games", "2", "--handshake-timeout", "0.5"]
+    argv = ["match", "--engine1", INSTANT_HANDSHAKE, "--engine2", "cat", "--games", "2", "--handshake-timeout", "3"]
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("cyzero match: engine2: 'cat' did not answer `uci` with `uciok` within 0.5 s")
+    assert captured.err.startswith("cyzero match: engine2: 'cat' did not answer `uci` with `uciok` within 3 s")
     assert captured.err.count("\n") == 1, captured.err
     assert cli.main(["match", "--engine2", "cat", "--handshake-timeout", "0"]) == 2
     assert "--handshake-timeout must be above 0" in capsys.readouterr().err
