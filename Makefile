@@ -116,9 +116,12 @@ train: $(STAMP) $(BUILT)
 	@exec $(VENV)/bin/cyzero-train run $(RUN) $(if $(wildcard $(RUN)/config.toml),,--config cpu) $(ARGS)
 
 # pytest-xdist: one worker per core; -rs lists every skipped test with its reason. ARGS adds
-# pytest options, TESTS picks files.
+# pytest options, TESTS picks files. Bytecode caches are written even where the environment says
+# PYTHONDONTWRITEBYTECODE (some CI images do): the suite starts hundreds of Python processes
+# (engines, learners, workers), each of which would compile the project again, and pytest would
+# rewrite every test module's asserts again in each worker (about a tenth of the suite's time).
 test: $(STAMP) $(BUILT)
-	$(VPY) -m pytest -q -n auto -rs $(TESTS) $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(VPY) -m pytest -q -n auto -rs $(TESTS) $(ARGS)
 
 bench: $(BUILT)
 	@$(VENV)/bin/cyzero bench perft $(ARGS)
