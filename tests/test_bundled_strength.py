@@ -36,7 +36,7 @@ def test_the_bundled_network_beats_an_untrained_network_of_its_size(tmp_path):
         engine1=EngineSpec(default_engine_command(), options, "bundled"),
         engine2=EngineSpec(default_engine_command(), options + [("WeightsFile", str(untrained))], "untrained"),
         games=20,
-        time_control=TimeControl(nodes=32),
+        time_control=TimeControl(nodes=16),
         seed=7,
         adjudicate_moves=100,
     )
