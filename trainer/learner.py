@@ -1231,11 +1231,10 @@ def _free_port() -> int:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """A rank ends itself when the learner that started it is gone (e.g. SIGKILLed).
+    """A spawned rank ends itself when the learner that started it is gone (e.g. SIGKILLed).
 
-    A spawned rank's parent is the learner. A CPU rank's is the forkserver the learner started
-    (:func:`_start_method`), which outlives the learner while its ranks live: the rank also
-    watches the learner's pid."""
+    A CPU rank's parent is the forkserver the learner started (:func:`_start_method`), which
+    exits with the learner: the rank watches whichever process is its parent when it starts."""
     parent = os.getppid()
 
     def watch():
