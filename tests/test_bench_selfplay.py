@@ -1,4 +1,4 @@
-"""trainer.bench.bench_selfplay: a short real run on a tiny network returns sane figures (no
+"""trainer.bench_selfplay.bench_selfplay: a short real run on a tiny network returns sane figures (no
 wall-clock assertions: the rates depend on the machine and its load)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from trainer.bench import bench_selfplay, format_selfplay_report
+from trainer.bench_selfplay import bench_selfplay, format_selfplay_report
 
 pytestmark = pytest.mark.timeout(180)
 

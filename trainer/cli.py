@@ -552,7 +552,7 @@ def bench_main(args: argparse.Namespace) -> int:
         print(json.dumps(figures, indent=2))
         return 0
     if args.what == "selfplay":
-        from trainer.bench import bench_selfplay
+        from trainer.bench_selfplay import bench_selfplay
 
         figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds,
                                  config=args.config, device=args.device, simulate_gpu=args.simulate_gpu)
