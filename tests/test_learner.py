@@ -409,6 +409,62 @@ def test_a_rank_that_crashes_natively_leaves_its_python_stack_beside_the_failure
     assert "in _die" in dump and "in run" in dump, proc.stderr
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from Linux's /proc/PID/task/TID/children."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            todo += [c for c in children if c not in found]
+            found.update(children)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from /proc (Linux)")
+def test_a_sigkilled_learner_leaves_no_rank_behind(tmp_path, one_thread):
+    """The ranks (and the forkserver CPU ranks are forked from) end when their learner is
+    SIGKILLed: nothing is left training, or holding the run's files, for good."""
+    run = make_run(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.cli", "learn", run, "--devices", "cpu:2", "--follow",
+                             "--no-progress"], cwd=REPO, env=one_thread, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:   # rank 0's first report: the group is up and training
+            seen.append(line)
+            if line.startswith("learner: step"):
+                break
+        assert seen and seen[-1].startswith("learner: step"), "".join(seen)[-3000:]
+        below = _descendants(proc.pid)
+        assert len(below) >= 2, below      # the two ranks at least
+        proc.kill()
+        proc.wait(30)
+        _wait_for(lambda: not any(_running(p) for p in below), "the ranks to end after their learner", 60.0)
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stderr.close()
+
+
 def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -1,7 +1,8 @@
 """The DDP learner: trains the run's network on its replay store, checkpoints and exports ONNX.
 
-``learn(RUN, devices="cpu:2")`` starts one process per device (``torch.multiprocessing.spawn``;
-gloo on CPU, nccl on CUDA), or, when started by ``torchrun`` (``RANK``/``WORLD_SIZE``/
+``learn(RUN, devices="cpu:2")`` starts one process per device (``torch.multiprocessing``;
+gloo on CPU, with the ranks forked from a forkserver that has imported torch once, nccl on
+CUDA, spawned), or, when started by ``torchrun`` (``RANK``/``WORLD_SIZE``/
 ``LOCAL_RANK`` set), runs as the one rank torchrun made::
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
@@ -577,6 +578,9 @@ class _Launch:
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
     report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
+    # The learner's environment when it started its ranks: a rank forked from a forkserver would
+    # otherwise have the forkserver's, from whenever that started.
+    environ: dict | None = None
 
 
 class _StopVote:
@@ -1227,15 +1231,47 @@ def _free_port() -> int:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """A spawned rank ends itself when the learner that started it is gone (e.g. SIGKILLed)."""
+    """A rank ends itself when the learner that started it is gone (e.g. SIGKILLed).
+
+    A spawned rank's parent is the learner. A CPU rank's is the forkserver the learner started
+    (:func:`_start_method`), which outlives the learner while its ranks live: the rank also
+    watches the learner's pid."""
+    parent = os.getppid()
 
     def watch():
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent_pid:
+            if os.getppid() != parent or not _alive(parent_pid):
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+#: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls
+#: in), done once in the forkserver its ranks are forked from rather than again in each rank:
+#: about 5 s of CPU a rank on a small machine.
+_FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "trainer.learner"]
+
+
+def _start_method(kind: str) -> str:
+    """``forkserver`` for CPU ranks (forked from a process that has imported torch but never ran
+    anything: no threads, no CUDA), ``spawn`` for CUDA ranks, as torch recommends."""
+    import multiprocessing
+
+    if kind == "cuda" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    return "forkserver"
 
 
 def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
@@ -1313,6 +1349,9 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     (a native abort or crash) dumps every thread's Python stack to stderr first, so the parent's
     one-line failure has a stack beside it to say where."""
     faulthandler.enable(all_threads=True)
+    if launch.environ is not None:
+        os.environ.clear()
+        os.environ.update(launch.environ)
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
@@ -1569,14 +1608,16 @@ def learn(
             return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log)
         if world == 1:
             return _run_rank(0, 1, 0, launch, log)
-        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
+        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid(),
+                                     environ=dict(os.environ))
         import torch.multiprocessing as mp
 
-        lines = mp.get_context("spawn").SimpleQueue()
+        method = _start_method(parsed.kind)
+        lines = mp.get_context(method).SimpleQueue()
         forward = threading.Thread(target=_forward, args=(lines, log), name="rank-logs", daemon=True)
         forward.start()
         context = mp.start_processes(_spawned, args=(world, launch, lines), nprocs=world, join=False,
-                                     start_method="spawn")
+                                     start_method=method)
         try:
             with _forward_stop(context.processes):
                 while not context.join():
