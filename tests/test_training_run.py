@@ -1,6 +1,11 @@
-"""`cyzero-train run` end to end: the real daemon, self-play workers, a two-rank gloo learner and
+"""`cyzero-train run` end to end: the real daemon, a self-play worker, a two-rank gloo learner and
 a UCI engine that follows the run, with the faults a long run meets (a worker and the learner
 SIGKILLed, the daemon stopped and started again).
+
+The worker plays on ``cuda:0`` through the GPU stand-in (``--simulate-gpu``): the GPU path of a
+run (one session per fixed batch size, the device split that ``status`` shows) is checked in
+the same run as the faults, rather than in a second run of its own. The
+CPU worker's path under the daemon is ``tests/test_commands.py::test_run_and_a_worker``.
 
 Tiny everything (a 1x8 network, 4 visits, 24-ply games) so that generations come every few
 seconds on a loaded 2-core machine.
@@ -31,7 +36,7 @@ net = "1x8"
 warmup_steps = 2
 [train]
 batch_size = 16
-checkpoint_every = 3
+checkpoint_every = 8
 keep_checkpoints = 2
 dist_timeout_s = 60.0
 starved_poll_s = 0.5
@@ -39,7 +44,7 @@ starved_poll_s = 0.5
 val_percent = 0.0
 workers = 0
 validation_positions = 0
-max_samples_per_position = 2.0
+max_samples_per_position = 0.5
 [log]
 interval = 3
 [selfplay]
@@ -97,8 +102,18 @@ def stop_daemon(daemon: subprocess.Popen, log_path: str) -> None:
     assert code == 0, open(log_path).read()[-3000:]
 
 
+#: The self-play worker on cuda:0, run on the GPU stand-in (no GPU needed).
+SIMULATED_GPU = ("--devices", "cuda:0", "--workers-per-device", "1", "--simulate-gpu")
+
+
 def published(run: str) -> list[int]:
     return [r["generation"] for r in read_jsonl(os.path.join(run, "published.jsonl"))]
+
+
+def played_generations(run: str) -> set[int]:
+    """The generations the self-play chunks in the store were played with."""
+    return {line["generation"] for line in read_jsonl(os.path.join(run, "replay", "manifest.jsonl"))
+            if line.get("op") == "add" and line.get("source") == "selfplay"}
 
 
 def stored_game_ids(run: str) -> list[str]:
@@ -116,7 +131,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
     with open(config, "w") as f:
         f.write(CONFIG)
     log_path = str(tmp_path / "daemon.log")
-    daemon = start_daemon(run, log_path, config)
+    daemon = start_daemon(run, log_path, config, *SIMULATED_GPU)
     engine = None
     try:
         info = wait_for(lambda: read_json(os.path.join(run, "daemon.json")), "daemon.json", daemon=daemon)
@@ -138,6 +153,19 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
             time.sleep(0.2)  # leave the cores to the run between searches
         assert swaps == sorted(swaps) and len(set(swaps)) >= 3  # generation 0 and at least two trained ones
         assert set(swaps) <= set(published(run))
+
+        # The worker plays on the simulated cuda:0 at fixed sizes; status shows how cuda:0 is used.
+        wait_for(lambda: max(played_generations(run), default=0) >= 1,
+                 "games of a trained generation from the cuda:0 worker in the store", daemon=daemon)
+        split = read_json(os.path.join(run, "workers.json"))["devices"]
+        assert split["cuda:0"] == {"selfplay_workers": 1, "games_per_worker": 4, "network_max_batch": 256,
+                                   "learner_ranks": 0}, split
+        assert split["cpu"]["learner_ranks"] == 2, split
+        status = subprocess.run([sys.executable, "-m", "trainer.cli", "status", run], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert "cuda:0      1 self-play worker (4 games, network batches up to 256)" in status.stdout, status.stdout
+        worker_log = open(os.path.join(run, "logs", "worker-cuda0-0.log")).read()
+        assert "CUDA" in worker_log and "batch 1/2/4/8/16/32/64/128/256" in worker_log, worker_log[-2000:]
 
         # SIGKILL a worker mid-game: the daemon restarts it, and no game is stored twice.
         workers = read_json(os.path.join(run, "workers.json"))
@@ -168,8 +196,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
         assert ids and len(ids) == len(set(ids)), collections.Counter(ids).most_common(3)
         generations = {g["generation"]: g for g in read_jsonl(os.path.join(run, "generations.jsonl"))}
         # Every self-play chunk names a generation the run had published when it was played.
-        played = {line["generation"] for line in read_jsonl(os.path.join(run, "replay", "manifest.jsonl"))
-                  if line.get("op") == "add"}
+        played = played_generations(run)
         assert played <= set(generations) and len(played) >= 2
 
         # Started again on the same directory, the run goes on where it stopped.
@@ -177,7 +204,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
         # (a temp file the SIGKILLed learner left mid-write is not a checkpoint)
         checkpoint_steps = sorted(int(n[5:-3]) for n in os.listdir(os.path.join(run, "checkpoints"))
                                   if re.fullmatch(r"step-\d+\.pt", n))
-        daemon = start_daemon(run, log_path)
+        daemon = start_daemon(run, log_path, None, *SIMULATED_GPU)
         wait_for(lambda: max(published(run)) > last, "a new generation after the restart", daemon=daemon)
         text = open(learner_log).read()
         assert f"resuming at step {checkpoint_steps[-1]:,}" in text
@@ -211,41 +238,6 @@ def test_a_run_on_the_gpu_plays_on_cuda_and_learns_with_nccl(tmp_path):
         wait_for(lambda: published(run) and max(published(run)) >= 2, "two trained generations", daemon=daemon)
         workers = read_json(os.path.join(run, "workers.json"))
         assert any(w["devices"] == ["cuda:0"] and w["games"] > 0 for w in workers["workers"]), workers
-        stop_daemon(daemon, log_path)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-
-
-def test_a_run_on_a_simulated_gpu_plays_at_fixed_sizes_swaps_and_shows_the_split(tmp_path):
-    """The GPU path of a run without a GPU: the self-play worker on cuda:0 runs its network on the
-    GPU stand-in (one session per fixed size, two batches in flight) beside a CPU learner; games
-    finish, generations are published and swapped in, and status shows how cuda:0 is used."""
-    run = str(tmp_path / "run")
-    os.makedirs(run)
-    config = str(tmp_path / "tiny.toml")
-    with open(config, "w") as f:
-        f.write(CONFIG.replace("games_per_worker = 4", "games_per_worker = 16")
-                .replace('learner_devices = "cpu:2"', 'learner_devices = "cpu:1"'))
-    log_path = str(tmp_path / "daemon.log")
-    daemon = start_daemon(run, log_path, config, "--devices", "cuda:0", "--workers-per-device", "1",
-                          "--simulate-gpu")
-    try:
-        wait_for(lambda: published(run) and max(published(run)) >= 2, "two trained generations", daemon=daemon,
-                 timeout=240)
-        wait_for(lambda: any(w["generation"] and w["generation"] >= 2
-                             for w in read_json(os.path.join(run, "workers.json"))["workers"]),
-                 "the worker playing generation 2", daemon=daemon, timeout=120)
-        workers = read_json(os.path.join(run, "workers.json"))
-        assert workers["devices"]["cuda:0"] == {"selfplay_workers": 1, "games_per_worker": 16,
-                                                "network_max_batch": 256, "learner_ranks": 0}
-        assert any(w["devices"] == ["cuda:0"] and w["games"] > 0 for w in workers["workers"]), workers
-        status = subprocess.run([sys.executable, "-m", "trainer.cli", "status", run], cwd=REPO,
-                                capture_output=True, text=True, timeout=60)
-        assert "cuda:0      1 self-play worker (16 games, network batches up to 256)" in status.stdout
-        worker_log = open(os.path.join(run, "logs", "worker-cuda0-0.log")).read()
-        assert "CUDA" in worker_log and "batch 1/2/4/8/16/32/64/128/256" in worker_log, worker_log[-2000:]
         stop_daemon(daemon, log_path)
     finally:
         if daemon.poll() is None:
