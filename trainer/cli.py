@@ -316,7 +316,7 @@ def _exported_weights(path: str, step, kind) -> str:
     """``--weights auto``: "raw" or "average", as the learner chose when it exported the
     generation of checkpoint ``path`` (RUN/checkpoints/step-N.pt -> RUN/generations.jsonl)."""
     from trainer.atomic import read_jsonl
-    from trainer.learner import GENERATIONS_FILE
+    from trainer.report import GENERATIONS_FILE
 
     if kind is None:
         return "raw"

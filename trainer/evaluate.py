@@ -34,8 +34,8 @@ from engine.tools import match as m
 from trainer import usable_cores
 from trainer.atomic import append_jsonl, read_jsonl
 from trainer.gating import engine_spec
-from trainer.learner import GENERATIONS_FILE
-from trainer.report import read_evaluations  # noqa: F401 - one reader, torch-free (status uses it)
+# torch-free, as status is: evaluating plays the engine and trains nothing
+from trainer.report import GENERATIONS_FILE, read_evaluations  # noqa: F401 - read_evaluations: one reader
 
 __all__ = ["EVALUATION_FILE", "OPPONENTS", "evaluate_run", "generations_to_evaluate", "random_mover_spec",
            "read_evaluations"]
