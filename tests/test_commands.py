@@ -262,4 +262,8 @@ def test_train_bench_until_its_first_figure(what, tmp_path, torch_installed):
 @pytest.mark.skipif(STOCKFISH is None, reason="bench bootstrap plays its default teacher, Debian's stockfish: "
                                                "apt install stockfish (it goes to /usr/games)")
 def test_train_bench_bootstrap(tmp_path, torch_installed):
-    _run(TRAIN + ["bench", "bootstrap", "--seconds", "0.1"], tmp_path)
+    """Each labelling setting the table promises gets its row, with a cost and the positions it is from."""
+    out = _run(TRAIN + ["bench", "bootstrap", "--seconds", "0.1"], tmp_path).stdout
+    rows = re.findall(r"depth +(\d+) +MultiPV (\d+) +([\d.]+) ms a position +\(([\d,]+) positions\)", out)
+    assert [(int(d), int(k)) for d, k, _, _ in rows] == [(4, 1), (6, 1), (6, 4), (8, 1), (8, 4), (8, 8)], out
+    assert all(float(ms) > 0 and int(n.replace(",", "")) > 0 for _, _, ms, n in rows), out

@@ -52,14 +52,6 @@ def test_bootstrap_learn_status_from_the_command_line(tmp_path, capsys):
     assert os.path.exists(os.path.join(run, status["generation"]["onnx"]))
 
 
-@needs_stockfish
-def test_bench_bootstrap_reports_each_setting(capsys):
-    assert main(["bench", "bootstrap", "--seconds", "0.2", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [(r["depth"], r["multipv"]) for r in rows] == [(4, 1), (6, 1), (6, 4), (8, 1), (8, 4), (8, 8)]
-    assert all(r["positions"] > 0 and r["ms_per_position"] > 0 for r in rows)
-
-
 @pytest.mark.parametrize("args, message", [
     (["bootstrap", "{run}", "--teacher", "no-such-engine-here", "--positions", "5"], "cannot start teacher"),
     (["bootstrap", "{run}", "--teacher"], "--teacher needs --positions"),
