@@ -412,6 +412,49 @@ cdef int _expand(TreeCore* t, uint32_t ni, const Pos* p, const Move* moves, int 
     return 0
 
 
+cdef void _root_expanded(TreeCore* t) noexcept nogil:
+    """What the root gets once it has its edges: Dirichlet noise (self-play), then its mates in one proven."""
+    _apply_root_noise(t)
+    _prove_root_mates(t)
+
+
+cdef void _prove_root_mates(TreeCore* t) noexcept nogil:
+    """Each root move that mates at once (and that searchmoves allows) becomes a proven win with
+    one visit, as if the search had visited it, and the root is proven with it.
+
+    Below the root a mate in one is seen on arrival (``_gather_paths``); at the root the mating
+    move is only found once the search visits it, and a policy that gives it next to nothing (a
+    queen that takes a guarded pawn to mate) kept a 20,000-node search away from it. Checking the
+    root's moves costs a few make_move calls once per expansion of a root."""
+    cdef uint32_t root = t.root, child
+    cdef uint32_t path[2]
+    cdef int i, found = 0
+    cdef Pos q
+    cdef Undo u
+    cdef Move m
+    cdef Move replies[MAX_MOVES]
+    path[0] = root
+    for i in range(t.nodes[root].num_edges):
+        m = t.edges[t.nodes[root].edges + i].move
+        if t.n_root_filter and not _in_filter(t, m):
+            continue
+        q = t.root_pos
+        make_move(&q, m, &u)
+        if not in_check(&q) or gen_legal(&q, replies):
+            continue
+        child = _child(t, root, i)
+        if child == 0:       # out of memory: the search may still find it
+            break
+        t.nodes[child].flags |= NODE_TERMINAL | NODE_PROVEN
+        t.nodes[child].bound = 1
+        t.nodes[child].m = 0
+        path[1] = child
+        _backup(t, path, 1, 1.0, 0.0, 0.0)
+        found += 1
+    if found:
+        _prove_up(t, path, 1)
+
+
 cdef void _apply_root_noise(TreeCore* t) noexcept nogil:
     """Mix Dirichlet(alpha) noise into the root priors with weight epsilon (self-play exploration)."""
     cdef Node* root = &t.nodes[t.root]
@@ -572,7 +615,7 @@ cdef void _backup_leaf(Leaf* lf, const uint32_t* paths, const float* logits, con
         _cancel(t, &paths[lf.path], lf.depth)
         return
     if ni == t.root:
-        _apply_root_noise(t)
+        _root_expanded(t)
     _backup(t, &paths[lf.path], lf.depth, -wl, wdl[1], mlh)
 
 
@@ -1383,7 +1426,7 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
                         collisions = max_collisions
                         break
                     if ni == t.root:
-                        _apply_root_noise(t)
+                        _root_expanded(t)
                     _backup(t, path, depth, -ce.wl, ce.d, ce.m)
                     visits += 1
                     ooo += 1

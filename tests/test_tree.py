@@ -259,6 +259,37 @@ def test_mate_in_one_is_found_and_proven(fen):
     assert tree.gather(batch) == 0 and len(batch) == 0 and tree.playouts == playouts
 
 
+# From the bundled mates (engine/tools/mates.epd): 1.Qxh7# takes a pawn the king guards, with the
+# rook behind the queen. The bundled network gives it so little prior that a 20,000-node search
+# played 1.Nxg6+ instead, until the root's own mates were proven on its expansion.
+QUEEN_TAKES_TO_MATE = "7k/R4Q1p/4p1nb/4N1p1/1P6/6P1/1PP2PBP/5RK1 w - - 2 28"
+
+
+def _mate_without_prior() -> FakeNet:
+    """A net that all but forbids 1.Qxh7# (a prior that rounds to 0) in a position White wins anyway."""
+    fen4 = " ".join(chess.Board(QUEEN_TAKES_TO_MATE).fen().split()[:3])
+    return FakeNet(bonus={fen4: {"f7h7": -40.0}})
+
+
+def test_a_root_mate_in_one_without_prior_is_proven_on_the_roots_expansion():
+    tree = search(Tree(Board(QUEEN_TAKES_TO_MATE), seed=1), _mate_without_prior(), 3000)
+    assert child(tree, "f7h7")["prior"] == 0.0
+    assert tree.root_proven == 1 and tree.best_move() == "f7h7" and tree.pv() == ["f7h7"]
+    top = tree.root_children()[0]
+    assert (top["move"], top["proven"], top["q"], top["n"], top["m"]) == ("f7h7", 1, 1.0, 1, 0)
+    assert tree.playouts == 2   # the root's evaluation and the mate: the search ends there
+    visits = {move: n for move, n in tree.visit_distribution().items() if n}
+    assert visits == {"f7h7": 1}   # what a self-play record learns from
+
+
+def test_searchmoves_that_leave_out_the_mate_leave_it_unproven():
+    tree = Tree(Board(QUEEN_TAKES_TO_MATE), seed=1)
+    tree.set_searchmoves(["b4b5", "g1h1"])
+    search(tree, _mate_without_prior(), 200)
+    assert tree.root_proven != 1 and child(tree, "f7h7")["proven"] is None
+    assert tree.best_move() in ("b4b5", "g1h1")
+
+
 MATE_IN_TWO = [
     "r2qkb1r/pp2nppp/3p4/2pNN1B1/2BnP3/3P4/PPP2PPP/R2bK2R w KQkq - 1 1",  # Legal: Nf6+ gxf6 Bxf7#
     "7k/8/5K2/8/8/8/8/Q7 w - - 0 1",  # Kg6 Kg8 Qg7#

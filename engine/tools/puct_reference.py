@@ -26,7 +26,8 @@ tree's representation decides between equal candidates, the reference copies it:
   wins only with a strictly higher score.
 
 What it does not have (so the tree may differ where these matter): proofs (the tree
-scores a proven child by its exact result and stops at a proven root), the NN cache,
+scores a proven child by its exact result, proves the root's mates in one when it expands
+the root, and stops at a proven root), the NN cache,
 batches with in-flight visits and collisions, root noise, and float32 arithmetic in
 selection and backup (this search uses Python floats).
 
