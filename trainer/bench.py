@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import usable_cores
 from trainer.config import default_config, to_toml
 
 __all__: Sequence[str] = ["bench_train", "format_report", "synthetic_records"]
