@@ -1235,26 +1235,53 @@ def _exit_with_parent(parent_pid: int) -> None:
 
     A spawned rank's parent is the learner. A CPU rank's is the forkserver the learner started
     (:func:`_start_method`), which outlives the learner while its ranks live: the rank also
-    watches the learner's pid."""
+    watches the learner itself (:class:`_Watched`)."""
     parent = os.getppid()
+    learner = _Watched(parent_pid)
 
     def watch():
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent or not _alive(parent_pid):
+            if os.getppid() != parent or not learner.alive():
                 os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+class _Watched:
+    """One process, watched until it exits: through a pidfd where Linux has them, else by its pid.
+
+    A pid outlives its process: a SIGKILLed learner stays a zombie until it is reaped, and then its
+    pid may be taken by another process. Once it was taken by a kernel thread, and a finished CPU
+    rank, whose parent (the forkserver) lived on, waited 90 minutes for a learner long gone. A pidfd
+    names the process itself, and reads as ended as soon as it exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        self._gone = False
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._gone = True
+        except (AttributeError, OSError):  # no pidfd here (not Linux 5.3+): the pid it is
+            pass
+
+    def alive(self) -> bool:
+        if self._gone:
+            return False
+        if self._fd is not None:
+            import select
+
+            self._gone = bool(select.select([self._fd], [], [], 0)[0])
+            return not self._gone
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
         return True
-    return True
 
 
 #: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls
