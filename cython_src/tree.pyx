@@ -420,14 +420,14 @@ cdef void _root_expanded(TreeCore* t) noexcept nogil:
 
 cdef void _prove_root_mates(TreeCore* t) noexcept nogil:
     """Each root move that mates at once (and that searchmoves allows) becomes a proven win with
-    one visit, as if the search had visited it, and the root is proven with it.
+    one visit of its own, and the root is proven with it.
 
     Below the root a mate in one is seen on arrival (``_gather_paths``); at the root the mating
     move is only found once the search visits it, and a policy that gives it next to nothing (a
     queen that takes a guarded pawn to mate) kept a 20,000-node search away from it. Checking the
     root's moves costs a few make_move calls once per expansion of a root."""
     cdef uint32_t root = t.root, child
-    cdef uint32_t path[2]
+    cdef uint32_t path[1]
     cdef int i, found = 0
     cdef Pos q
     cdef Undo u
@@ -448,8 +448,11 @@ cdef void _prove_root_mates(TreeCore* t) noexcept nogil:
         t.nodes[child].flags |= NODE_TERMINAL | NODE_PROVEN
         t.nodes[child].bound = 1
         t.nodes[child].m = 0
-        path[1] = child
-        _backup(t, path, 1, 1.0, 0.0, 0.0)
+        # The child's one visit (so that the visit counts, a self-play policy target, name it) is
+        # not the root's: a search held to N nodes (`go nodes 1`) still reports N.
+        t.nodes[child].n = 1
+        t.nodes[child].wl = 1.0
+        t.nodes[child].d = 0.0
         found += 1
     if found:
         _prove_up(t, path, 1)

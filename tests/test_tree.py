@@ -277,7 +277,7 @@ def test_a_root_mate_in_one_without_prior_is_proven_on_the_roots_expansion():
     assert tree.root_proven == 1 and tree.best_move() == "f7h7" and tree.pv() == ["f7h7"]
     top = tree.root_children()[0]
     assert (top["move"], top["proven"], top["q"], top["n"], top["m"]) == ("f7h7", 1, 1.0, 1, 0)
-    assert tree.playouts == 2   # the root's evaluation and the mate: the search ends there
+    assert tree.playouts == 1 and tree.nodes == 1   # the root's evaluation: the search ends there
     visits = {move: n for move, n in tree.visit_distribution().items() if n}
     assert visits == {"f7h7": 1}   # what a self-play record learns from
 
