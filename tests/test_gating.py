@@ -90,7 +90,7 @@ def test_a_real_gate_is_consistent(tiny_nets, cfg, monkeypatch):
     lines: list[str] = []
     result = gating.gate(tiny_nets[0], tiny_nets[1], cfg, log=lines.append, backend="cpu")
     assert [options.get("Backend") for options in matches[0].options] == ["cpu", "cpu"]
-    assert 1 <= result.games <= 4
+    assert 1 <= result.games <= cfg.max_games
     assert result.wins + result.draws + result.losses == result.games
     lower, upper = sprt.sprt_bounds(cfg.alpha, cfg.beta)
     assert (result.lower, result.upper) == (lower, upper)
