@@ -577,9 +577,6 @@ class _Launch:
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
     report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
-    # The learner's environment when it started its ranks: a rank forked from a forkserver would
-    # otherwise have the forkserver's, from whenever that started.
-    environ: dict | None = None
 
 
 class _StopVote:
@@ -1365,9 +1362,6 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     (a native abort or crash) dumps every thread's Python stack to stderr first, so the parent's
     one-line failure has a stack beside it to say where."""
     faulthandler.enable(all_threads=True)
-    if launch.environ is not None:
-        os.environ.clear()
-        os.environ.update(launch.environ)
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
@@ -1624,8 +1618,7 @@ def learn(
             return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log)
         if world == 1:
             return _run_rank(0, 1, 0, launch, log)
-        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid(),
-                                     environ=dict(os.environ))
+        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
         import torch.multiprocessing as mp
 
         method = _start_method(parsed.kind)
