@@ -275,40 +275,52 @@ def _cheap_state(board, is_ref: bool) -> dict:
 
 
 def _claim_state(board, is_ref: bool) -> dict:
-    state = {
-        "can_claim_threefold_repetition": board.can_claim_threefold_repetition(),
-        "can_claim_fifty_moves": board.can_claim_fifty_moves(),
-        "can_claim_draw": board.can_claim_draw(),
-        "is_game_over(claim_draw)": board.is_game_over(claim_draw=True),
-    }
-    outcome = board.outcome(claim_draw=True)
+    threefold = board.can_claim_threefold_repetition()
+    if is_ref:
+        # python-chess answers this by pushing every legal move, and its can_claim_draw, outcome and
+        # is_game_over(claim_draw=True) each ask again: they get the one answer (an instance attribute
+        # shadows the method) and still compute everything else their own way.
+        board.can_claim_threefold_repetition = lambda: threefold
+    try:
+        state = {
+            "can_claim_threefold_repetition": threefold,
+            "can_claim_fifty_moves": board.can_claim_fifty_moves(),
+            "can_claim_draw": board.can_claim_draw(),
+            "is_game_over(claim_draw)": board.is_game_over(claim_draw=True),
+        }
+        outcome = board.outcome(claim_draw=True)
+    finally:
+        if is_ref:
+            del board.can_claim_threefold_repetition
     state["outcome(claim_draw)"] = outcome_tuple(outcome) if is_ref else outcome
     return state
 
 
 def assert_same(ours: Board, ref: chess.Board, where: str, full: bool) -> None:
-    context = f"{where}; position {ref.fen()} after ...{[m.uci() for m in ref.move_stack][-8:]}"
+    def context() -> str:  # only for a failure's message: a fen and the move list cost more than the checks
+        return f"{where}; position {ref.fen()} after ...{[m.uci() for m in ref.move_stack][-8:]}"
+
     legal = ours.legal_moves()
-    assert len(legal) == len(set(legal)), f"duplicate legal moves {sorted(legal)}; {context}"
+    assert len(legal) == len(set(legal)), f"duplicate legal moves {sorted(legal)}; {context()}"
     expected = ref_legal_ucis(ref)
     if set(legal) != expected:
         pytest.fail(f"legal moves differ: missing {sorted(expected - set(legal))}, "
-                    f"extra {sorted(set(legal) - expected)}; {context}")
+                    f"extra {sorted(set(legal) - expected)}; {context()}")
     got = _cheap_state(ours, False)
     want = _cheap_state(ref, True)
     if full:
         got.update(_claim_state(ours, False))
         want.update(_claim_state(ref, True))
     diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
-    assert not diff, f"(ours, python-chess) differ: {diff}; {context}"
-    assert ours.hash() == ours.compute_hash(), f"incremental hash != recomputed; {context}"
+    assert not diff, f"(ours, python-chess) differ: {diff}; {context()}"
+    assert ours.hash() == ours.compute_hash(), f"incremental hash != recomputed; {context()}"
     if full:
         for uci in legal:
-            assert ours.is_legal(uci), f"is_legal({uci!r}) is False for a legal move; {context}"
+            assert ours.is_legal(uci), f"is_legal({uci!r}) is False for a legal move; {context()}"
         for move in ref.generate_pseudo_legal_moves():
             if not ref.is_legal(move):
                 uci = ref.uci(move)
-                assert not ours.is_legal(uci), f"is_legal({uci!r}) True, illegal; {context}"
+                assert not ours.is_legal(uci), f"is_legal({uci!r}) True, illegal; {context()}"
 
 
 def replay(index: int) -> None:
