@@ -1,7 +1,8 @@
 """The DDP learner: trains the run's network on its replay store, checkpoints and exports ONNX.
 
 ``learn(RUN, devices="cpu:2")`` starts one process per device (``torch.multiprocessing``;
-gloo on CPU, nccl on CUDA, spawned), or, when started by ``torchrun`` (``RANK``/``WORLD_SIZE``/
+gloo on CPU, with the ranks forked from a forkserver that has imported torch once, nccl on
+CUDA, spawned), or, when started by ``torchrun`` (``RANK``/``WORLD_SIZE``/
 ``LOCAL_RANK`` set), runs as the one rank torchrun made::
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
@@ -577,6 +578,9 @@ class _Launch:
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
     report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
+    # The learner's environment when it started its ranks: a rank forked from a forkserver would
+    # otherwise have the forkserver's, from whenever that started.
+    environ: dict | None = None
 
 
 class _StopVote:
@@ -1229,8 +1233,9 @@ def _free_port() -> int:
 def _exit_with_parent(parent_pid: int) -> None:
     """A rank ends itself when the learner that started it is gone (e.g. SIGKILLed).
 
-    Its parent is the learner (:func:`_start_method`); it also watches the learner itself
-    (:class:`_Watched`), which holds where a rank's parent is some other process (a forkserver)."""
+    A spawned rank's parent is the learner. A CPU rank's is the forkserver the learner started
+    (:func:`_start_method`), which outlives the learner while its ranks live: the rank also
+    watches the learner itself (:class:`_Watched`)."""
     parent = os.getppid()
     learner = _Watched(parent_pid)
 
@@ -1279,16 +1284,29 @@ class _Watched:
         return True
 
 
+#: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls
+#: in), done once in the forkserver its ranks are forked from rather than again in each rank:
+#: about 5 s of CPU a rank on a small machine.
+_FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "trainer.learner"]
+
+
 def _start_method(kind: str) -> str:
-    """``spawn`` for every rank. CPU ranks were forked from a forkserver that had imported torch
-    once (about 2.7 s of CPU less a rank), but an in-process learner's second group of ranks then
-    hung once in eight full suites (tests/test_learner.py, a rank that dies, then the resume), and
-    the cause is not known: spawned ranks until it is."""
-    return "spawn"
+    """``forkserver`` for CPU ranks (forked from a process that has imported torch but never ran
+    anything: no CUDA, and no thread but numpy's idle OpenBLAS pool), ``spawn`` for CUDA ranks,
+    as torch recommends."""
+    import multiprocessing
+
+    if kind == "cuda" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    return "forkserver"
 
 
 def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
-              stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> int:
+              stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT), end_process: bool = False) -> int:
+    """Train as rank ``rank`` of ``world``; the exit code. ``end_process``: the process is this
+    rank's alone (spawned, or made by torchrun), and it ends here once the work is done
+    (:func:`_end_rank_process`)."""
     cfg = from_dict(launch.config)
     if launch.kind == "cuda":
         device = torch.device("cuda", launch.device_ids[local] if launch.device_ids else local)
@@ -1304,10 +1322,29 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
     try:
         learner = _Learner(launch, rank, world, device, log)
         with _stop_on_signals(learner.stop_requested, stop_signals):
-            return learner.run()
+            code = learner.run()
     finally:
         if world > 1:
             dist.destroy_process_group()
+    if end_process:
+        _end_rank_process(code)
+    return code
+
+
+def _end_rank_process(code: int) -> None:
+    """End a finished rank's process now, its learner (the DDP model, and the process group the
+    model holds) still referenced, so that no teardown of either runs in Python.
+
+    Freeing them deadlocked a finished rank (tests/test_learner.py, once in a few runs of the
+    rank-dies test): the main thread, holding the GIL, freed the model, and gloo's destructor
+    joined its work threads while one of them, freeing the final barrier's earlier all-reduce,
+    waited for the GIL to free a gradient's Python object. The interpreter's own teardown has
+    aborted a finished rank the same way ("terminate called without an active exception",
+    SIGABRT). Its checkpoint is written and its log lines are in the pipe (a SimpleQueue writes
+    as it puts)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 #: A stop signal this soon after the first is the same stop delivered twice: a signal to the
@@ -1362,18 +1399,14 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     (a native abort or crash) dumps every thread's Python stack to stderr first, so the parent's
     one-line failure has a stack beside it to say where."""
     faulthandler.enable(all_threads=True)
+    if launch.environ is not None:
+        os.environ.clear()
+        os.environ.update(launch.environ)
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    code = _run_rank(local, world, local, launch, lines.put, stop_signals=(signal.SIGTERM,))
-    # The rank's work is done, its checkpoint written and its process group destroyed; its log
-    # lines are in the pipe (a SimpleQueue writes as it puts). End here rather than in the
-    # interpreter's teardown, where a native thread still joinable has aborted a finished rank
-    # ("terminate called without an active exception", SIGABRT), failing a run that had succeeded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    _run_rank(local, world, local, launch, lines.put, stop_signals=(signal.SIGTERM,), end_process=True)
 
 
 @contextlib.contextmanager
@@ -1615,10 +1648,12 @@ def learn(
         launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind=parsed.kind, steps=steps,
                          follow=follow, progress=progress, checkpoint=checkpoint, device_ids=parsed.ids)
         if torchrun:
-            return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log)
+            return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log,
+                             end_process=world > 1)
         if world == 1:
             return _run_rank(0, 1, 0, launch, log)
-        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid())
+        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid(),
+                                     environ=dict(os.environ))
         import torch.multiprocessing as mp
 
         method = _start_method(parsed.kind)
