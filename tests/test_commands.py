@@ -251,7 +251,8 @@ def test_run_and_a_worker(tmp_path, torch_installed):
 def test_train_bench_until_its_first_figure(what, tmp_path, torch_installed):
     """bench train and bench selfplay measure for a fixed minute or so whatever ``--seconds`` says
     (a warm-up, then each setting): they are stopped at their first figure, past their set-up."""
-    bench = _Started(TRAIN + ["bench", what, "--seconds", "0.1"], tmp_path)
+    smallest = ["--games", "2"] if what == "selfplay" else []
+    bench = _Started(TRAIN + ["bench", what, "--seconds", "0.1"] + smallest, tmp_path)
     try:
         bench.wait_for(f"bench {what}:")
         assert not [line for line in bench.err if "Traceback" in line], "".join(bench.err)

@@ -219,6 +219,9 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--config", metavar="TOML", default=None,
                        help="(selfplay) play a training config's [selfplay] settings with a fresh network of its "
                             "size (a bundled name such as cpu, or a file) instead of the defaults")
+    bench.add_argument("--games", type=int, default=None,
+                       help="(selfplay) games each measuring process plays at once, as `worker --games` sets "
+                            "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
     bench.add_argument("--simulate-gpu", action="store_true",
                        help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
                             "costs for the bundled 6x64, a stall at each new input shape) as a GPU worker would")
@@ -555,7 +558,8 @@ def bench_main(args: argparse.Namespace) -> int:
         from trainer.bench_selfplay import bench_selfplay
 
         figures = bench_selfplay(print_report=not args.json, seconds=20.0 if args.seconds is None else args.seconds,
-                                 config=args.config, device=args.device, simulate_gpu=args.simulate_gpu)
+                                 config=args.config, device=args.device, simulate_gpu=args.simulate_gpu,
+                                 games=args.games)
         if args.json:
             print(json.dumps(figures, indent=2))
         return 0
