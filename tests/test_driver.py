@@ -54,7 +54,10 @@ class FakeNet:
 
     Policy: a position-seeded jitter plus ``bonus`` logits for named moves of named
     positions. Value: the material balance for the side to move (plus a seeded jitter).
-    With a ``clock``, each call advances it by ``per_call + per_position * rows`` seconds.
+    With a ``clock``, each call advances it by ``per_call + per_position * rows`` seconds, one
+    call at a time as a device serves them: two batches in flight, run side by side, each took
+    the other's time into its own and misled the search's speed model (a timed test then ran
+    0.1-0.6 ms past its deadline in 5 of 150 runs beside a CPU burner).
     """
 
     def __init__(self, jitter=1.0, value_jitter=0.1, bonus=None, clock=None, per_call=0.0, per_position=0.0):
@@ -70,6 +73,7 @@ class FakeNet:
         self.calls = 0
         self.sizes: list[int] = []
         self._memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        self._device = threading.Lock()
 
     def _row(self, planes):
         key = _key(planes)
@@ -86,13 +90,14 @@ class FakeNet:
         return out
 
     def evaluate(self, planes):
-        self.calls += 1
-        self.sizes.append(len(planes))
-        if self.clock is not None:
-            self.clock.now += self.per_call + self.per_position * len(planes)
-        rows = [self._row(p) for p in planes]
-        return (np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]),
-                np.zeros(len(planes), np.float32))
+        with self._device:
+            self.calls += 1
+            self.sizes.append(len(planes))
+            if self.clock is not None:
+                self.clock.now += self.per_call + self.per_position * len(planes)
+            rows = [self._row(p) for p in planes]
+            return (np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]),
+                    np.zeros(len(planes), np.float32))
 
 
 def move_search(board, go, budget, params, start=1000.0, tree=None):
