@@ -60,7 +60,7 @@ from trainer.config import (
     default_config, from_dict, load_config, model_differences, named_config_path, to_toml,
 )
 from trainer.model import Net, NetConfig, NetOutput, build_net
-from trainer.report import list_checkpoints  # noqa: F401 - torch-free, so status lists them too
+from trainer.report import list_checkpoints, pid_alive  # noqa: F401 - torch-free, so status lists them too
 
 __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "check_cuda", "net_config", "model_section", "compute_losses",
@@ -1275,13 +1275,7 @@ class _Watched:
 
             self._gone = bool(select.select([self._fd], [], [], 0)[0])
             return not self._gone
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        return pid_alive(self.pid) is not False  # unknown counts as alive, as another user's process does
 
 
 #: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls

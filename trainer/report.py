@@ -236,7 +236,7 @@ def read_evaluations(run_dir: str) -> list[dict]:
 # --------------------------------------------------------------------------- processes
 
 
-def _pid_alive(pid: Any) -> bool | None:
+def pid_alive(pid: Any) -> bool | None:
     """Whether process ``pid`` exists on this machine (None: not a pid)."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return None
@@ -259,7 +259,7 @@ def process_runs(pid: Any, command: str, run_dir: str) -> bool | None:
     RUN``) on this run directory, not another process that got the pid after the one recorded
     ended: its command line (``/proc/PID/cmdline``) is read, and a relative RUN is taken from its
     working directory. None: ``pid`` is not a pid. Without /proc (not Linux), whether it exists."""
-    alive = _pid_alive(pid)
+    alive = pid_alive(pid)
     if not alive or not os.path.isdir("/proc/self"):
         return alive
     try:
@@ -1026,5 +1026,5 @@ def _elo_axes(fig, ax, ylabel: str, title: str) -> None:
     fig.tight_layout()
 
 
-__all__ = ["run_status", "format_status", "plot_run", "check_run_dir", "read_manifest", "process_runs",
+__all__ = ["run_status", "format_status", "plot_run", "check_run_dir", "read_manifest", "process_runs", "pid_alive",
            "describe_share", "RUN_MARKERS"]
