@@ -292,8 +292,15 @@ def test_learn_init_from_the_bundled_network_starts_from_its_weights(tmp_path, b
     np.testing.assert_allclose(got_mlh, mlh, atol=1e-2, rtol=1e-4)
     step0 = torch.load(checkpoint_path(run, 0), weights_only=True)
     assert not torch.all(step0["model"]["stem.1.running_mean"] == 0)
+    # every convolution rescaled per output channel so that its batch norm sees unit-variance inputs
+    variances = torch.cat([v for k, v in step0["model"].items() if k.endswith("running_var")])
+    assert len(variances) > 500 and float(variances.max()) <= 1.0 + 1e-5
+    assert float(variances.median()) > 0.999, variances
     source, _ = bundled
-    assert torch.equal(step0["model"]["stem.0.weight"], source.stem[0].weight)
+    ratio = step0["model"]["stem.0.weight"] / source.stem[0].weight
+    per_channel = ratio.flatten(1)[:, :1]
+    assert float(ratio.min()) > 0 and not torch.allclose(ratio, torch.ones_like(ratio))
+    torch.testing.assert_close(ratio.flatten(1), per_channel.expand_as(ratio.flatten(1)), rtol=1e-4, atol=0)
 
     step2 = torch.load(list_checkpoints(run)[-1][1], weights_only=True)
     assert step2["step"] == 2 and load_net(step2).config == source.config

@@ -30,7 +30,7 @@ from test_lc0_trainer import SHAPES, encoded
 from trainer.lc0_export import (
     LC0_FILE_PARITY, Lc0ExportError, _layer, check_lc0_file, lc0_file_bytes, write_lc0,
 )
-from trainer.lc0_import import calibrate_batch_norm, net_from_lc0
+from trainer.lc0_import import net_from_lc0
 from trainer.model import InferenceNet, Net, NetConfig
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
@@ -40,9 +40,18 @@ DEFAULT = os.path.join(REPO, "engine", "nets", "default.onnx")
 
 
 def with_real_statistics(net: Net) -> Net:
-    """``net`` with batch norms that are not the identity (what a trained checkpoint holds)."""
+    """``net`` with batch norms that are not the identity (what a trained checkpoint holds): each
+    one's running statistics are those of its inputs in training mode, as training leaves them."""
     planes, _ = encoded()
-    return calibrate_batch_norm(copy.deepcopy(net), np.concatenate([planes] * 4))
+    net = copy.deepcopy(net)
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the forward passes below
+    net.train()
+    with torch.no_grad():
+        net(torch.from_numpy(np.concatenate([planes] * 4)))
+    return net.eval()
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
