@@ -12,7 +12,10 @@ from trainer.config import bundled_config, default_config, load_config, load_nam
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu", "teacher-6x64", "teacher-6x64-anneal"])
+BUNDLED = sorted(os.path.basename(p)[:-len(".toml")] for p in glob.glob(os.path.join(ROOT, "trainer", "configs", "*.toml")))
+
+
+@pytest.mark.parametrize("name", BUNDLED)
 def test_each_bundled_config_loads_and_is_found_by_name(name):
     path = bundled_config(name)
     assert path == os.path.join(ROOT, "trainer", "configs", f"{name}.toml")
@@ -35,6 +38,12 @@ def test_the_annealing_stage_changes_only_the_learning_rate_so_it_resumes_the_su
     assert anneal.optimizer.lr < teacher.optimizer.lr
     assert dataclasses.replace(anneal, optimizer=teacher.optimizer) == teacher
     assert load_named_config(bundled_config("cpu")) == load_config(bundled_config("cpu"))   # a path works too
+
+
+def test_the_gpu_stretch_continues_the_bundled_network_at_the_rate_it_finished_at():
+    anneal, stretch = load_named_config("teacher-6x64-anneal"), load_named_config("teacher-6x64-gpu")
+    assert stretch.model == anneal.model and stretch.optimizer.lr == anneal.optimizer.lr
+    assert stretch.replay.max_samples_per_position < default_config().replay.max_samples_per_position
 
 
 @pytest.mark.parametrize("name", ["nope", "", "../config", "cpu.toml", "configs/cpu", None])
