@@ -297,7 +297,7 @@ def test_learn_init_from_the_bundled_network_starts_from_its_weights(tmp_path, b
     assert len(variances) > 500 and float(variances.max()) <= 1.0 + 1e-5
     assert float(variances.median()) > 0.999, variances
     source, _ = bundled
-    ratio = step0["model"]["stem.0.weight"] / source.stem[0].weight
+    ratio = step0["model"]["stem.0.weight"] / source.stem[0].weight.detach()
     per_channel = ratio.flatten(1)[:, :1]
     assert float(ratio.min()) > 0 and not torch.allclose(ratio, torch.ones_like(ratio))
     torch.testing.assert_close(ratio.flatten(1), per_channel.expand_as(ratio.flatten(1)), rtol=1e-4, atol=0)
