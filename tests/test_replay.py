@@ -238,6 +238,17 @@ def test_validation_chunks_are_held_out(tmp_path, monkeypatch):
     assert np.array_equal(_ids(validation_batch(store, window, 25, seed=3)), _ids(val))   # fixed
 
 
+def test_the_validation_sample_spans_the_newest_held_out_chunks(tmp_path):
+    store = ReplayStore(tmp_path)
+    entries = _fill(store, [100] * 6)
+    window = WindowConfig(floor=10_000, val_percent=100.0)
+    chunk_of = {i: e.name for e in entries for i in read_ids(store, e.name)}
+    val = validation_batch(store, window, 50, seed=1)
+    used = {chunk_of[i] for i in _ids(val)}
+    newest = {e.name for e in entries[-2:]}   # 4 x 50 positions: the two newest chunks
+    assert used == newest
+
+
 def test_a_store_whose_every_chunk_is_held_out_says_so_and_how_to_train(tmp_path):
     store = ReplayStore(tmp_path)
     _fill(store, [30])

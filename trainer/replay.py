@@ -894,9 +894,15 @@ class ReplayLoader:
 _reported: set[str] = set()
 
 
+VALIDATION_SPREAD = 4   # validation_batch samples from this many times the positions it returns
+
+
 def validation_batch(store: ReplayStore, window: WindowConfig, positions: int, seed: int = 0) -> Batch | None:
     """A fixed sample of ``positions`` held-out positions from the newest validation chunks; None if none.
 
+    The sample is drawn from :data:`VALIDATION_SPREAD` times as many positions, so that it
+    spans several chunks' games rather than the forty-odd of the newest one: a sample from
+    one chunk's few games moved a network's loss by hundredths from one chunk to the next.
     The same store contents and seed give the same sample.
     """
     if positions < 1:
@@ -904,7 +910,7 @@ def validation_batch(store: ReplayStore, window: WindowConfig, positions: int, s
     held_out = [e for e in store.entries() if is_validation(e.name, window.val_percent)]
     arrays, total = [], 0
     for entry in reversed(held_out):
-        if total >= positions:
+        if total >= VALIDATION_SPREAD * positions:
             break
         try:
             records = read_chunk(store.chunks_dir / entry.name)
