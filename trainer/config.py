@@ -161,8 +161,8 @@ class ReplayConfig:
     val_percent: float = _f(5.0, "share of chunks (by name hash) held out for validation", min=0.0, max=100.0)
     workers: int = _f(2, "loader worker processes per rank", min=0)
     prefetch: int = _f(4, "batches each rank's loader keeps ready", min=1)
-    validation_positions: int = _f(1024, "held-out positions evaluated at every log interval and checkpoint "
-                                   "(0: none)", min=0)
+    validation_positions: int = _f(1024, "held-out positions evaluated at every log interval and checkpoint, "
+                                   "drawn from four times as many in the newest held-out chunks (0: none)", min=0)
     keep_positions: int = _f(0, "retention: at each checkpoint delete the oldest chunks wholly outside the "
                              "newest keep_positions positions (never inside the window; 0: keep everything)", min=0)
     keep_networks: int = _f(0, "retention: at each checkpoint delete all but the newest keep_networks exported "
