@@ -491,11 +491,12 @@ def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("devices, workers, whole_group", [("cpu:1", 0, False), ("cpu:2", 0, False),
-                                                           ("cpu:1", 1, True)])
+                                                           ("cpu:2", 1, True)])
 def test_sigterm_stops_the_learner_after_a_step_with_a_final_checkpoint(tmp_path, devices, workers, whole_group):
     """The daemon stops its learner with SIGTERM: every rank stops after the same step, and the
     final checkpoint holds that step (nothing trained is lost). A Ctrl-C in a terminal signals the
-    whole process group, loader workers included: they leave the stop to the learner."""
+    whole process group, loader workers and the forkserver of the CPU ranks included: they leave
+    the stop to the learner."""
     config = TINY.replace("checkpoint_every = 4", "checkpoint_every = 1000").replace("workers = 0",
                                                                                    f"workers = {workers}")
     run = make_run(tmp_path / "run", config)

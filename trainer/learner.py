@@ -1293,7 +1293,25 @@ def _start_method(kind: str) -> str:
     if kind == "cuda" or "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     multiprocessing.set_forkserver_preload(_FORKSERVER_PRELOAD)
+    _start_forkserver_deaf_to_sigterm()
     return "forkserver"
+
+
+def _start_forkserver_deaf_to_sigterm() -> None:
+    """Start the forkserver with SIGTERM ignored (it ignores SIGINT itself). `timeout` and
+    systemd signal the whole process group: a forkserver killed by that left the learner
+    unable to read its ranks' exit codes ("rank 0 exited with code 255"), and it stopped the
+    ranks before their final checkpoint. Each rank takes SIGTERM back (:func:`_spawned`)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
@@ -1398,8 +1416,10 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
         os.environ.update(launch.environ)
     if launch.parent_pid is not None:
         _exit_with_parent(launch.parent_pid)
-    # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process).
+    # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process);
+    # the forkserver's ignored SIGTERM (_start_forkserver_deaf_to_sigterm) is not the rank's.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _run_rank(local, world, local, launch, lines.put, stop_signals=(signal.SIGTERM,), end_process=True)
 
 
