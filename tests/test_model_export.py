@@ -289,6 +289,26 @@ def test_parity_failure_writes_nothing(tmp_path, tiny_net, positions):
     assert sorted(os.listdir(tmp_path)) == ["net.onnx"]
 
 
+def test_policy_parity_reads_only_the_legal_moves_logits():
+    """The search never reads an illegal move's logit, so an error there does not count
+    (int8 rounds those the most); an error on a legal move does."""
+    planes, masks = sample_positions(4, seed=3)
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(0, 3, (4, 1858)).astype(np.float32), np.full((4, 3), 1 / 3, np.float32)]
+    got = [ref[0].copy(), ref[1].copy()]
+    illegal, legal = np.argwhere(~masks[0])[0][0], np.argwhere(masks[0])[0][0]
+    got[0][0, illegal] += 50.0
+    ref[0][0, illegal] = -100.0                # the largest logit of all, and an illegal one
+    numbers = parity_numbers(got, ref, masks)
+    assert numbers["policy_max_abs_diff"] == 0.0
+    assert numbers["policy_scale"] == np.abs(np.where(masks, ref[0], 0)).max() < 100.0
+    assert parity_failures(numbers, PARITY_BOUNDS["fp32"]) == []
+    got[0][0, legal] += 1.0
+    numbers = parity_numbers(got, ref, masks)
+    assert numbers["policy_max_abs_diff"] == pytest.approx(1.0)
+    assert parity_failures(numbers, PARITY_BOUNDS["fp32"]) == [f"policy max |diff| 1 > {1e-4 * numbers['policy_scale']:.3g}"]
+
+
 def test_bad_arguments(tmp_path, tiny_net):
     with pytest.raises(ValueError, match="unknown variant"):
         export_onnx(tiny_net, tmp_path / "x.onnx", "int4")
