@@ -46,6 +46,13 @@ def test_the_gpu_stretch_continues_the_bundled_network_at_the_rate_it_finished_a
     assert stretch.replay.max_samples_per_position < default_config().replay.max_samples_per_position
 
 
+def test_the_cpu_continuation_starts_near_the_finishing_rate_and_anneals_within_its_run():
+    anneal, cont = load_named_config("teacher-6x64-anneal"), load_named_config("teacher-6x64-continue")
+    assert cont.model == anneal.model and cont.train.batch_size == anneal.train.batch_size
+    assert anneal.optimizer.lr <= cont.optimizer.lr < load_named_config("teacher-6x64").optimizer.lr
+    assert cont.optimizer.schedule == "cosine" and round(cont.optimizer.min_lr / anneal.optimizer.lr, 9) <= 0.1
+
+
 @pytest.mark.parametrize("name", ["nope", "", "../config", "cpu.toml", "configs/cpu", None])
 def test_an_unknown_or_odd_name_is_none(name):
     assert bundled_config(name) is None
