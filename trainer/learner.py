@@ -1301,11 +1301,11 @@ def _start_forkserver_deaf_to_sigterm() -> None:
     """Start the forkserver with SIGTERM ignored (it ignores SIGINT itself). `timeout` and
     systemd signal the whole process group: a forkserver killed by that left the learner
     unable to read its ranks' exit codes ("rank 0 exited with code 255"), and it stopped the
-    ranks before their final checkpoint. Each rank takes SIGTERM back (:func:`_spawned`)."""
+    ranks before their final checkpoint. Each rank takes SIGTERM back (:func:`_spawned`).
+    Outside the main thread no handler can be set: the ranks' start then starts it as it is."""
     from multiprocessing import forkserver
 
     if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
         return
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
