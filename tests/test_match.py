@@ -298,11 +298,13 @@ def test_openings_from_fen_epd_and_pgn(tmp_path):
 
 FAKE_ENGINE = textwrap.dedent(
     r'''
-    """A fake UCI engine for tests: fake.py MODE [SCORE]."""
+    """A fake UCI engine for tests: fake.py MODE[/first] [SCORE]. A misbehaving MODE plays one legal
+    move first (so the match counts its forfeits), or misbehaves from its first go with /first."""
     import os, random, sys, time
     import chess
 
-    mode = sys.argv[1]
+    mode, _, when = sys.argv[1].partition("/")
+    gos = 0
     score = sys.argv[2] if len(sys.argv) > 2 else None
     rng = random.Random(os.getpid())
     board = chess.Board()
@@ -335,6 +337,10 @@ FAKE_ENGINE = textwrap.dedent(
                 for uci in rest[1:]:
                     board.push_uci(uci)
         elif cmd == "go":
+            gos += 1
+            if gos == 1 and mode != "random" and when != "first":
+                out(f"bestmove {next(iter(board.legal_moves)).uci()}")
+                continue
             if mode == "hang":
                 continue
             if mode == "crash":
@@ -346,6 +352,9 @@ FAKE_ENGINE = textwrap.dedent(
             legal = list(board.legal_moves)
             if mode == "nomove":
                 out("bestmove (none)")
+            elif mode == "nonet":  # what lc0 and cyzero answer without a network
+                out("info string error: no network loaded: test")
+                out("bestmove 0000")
             elif mode == "illegal":
                 bad = next(chess.Move(a, b) for a in chess.SQUARES for b in chess.SQUARES
                            if a != b and chess.Move(a, b) not in legal)
@@ -459,6 +468,32 @@ def test_a_misbehaving_engine_loses_and_is_counted(fake, tmp_path, mode, counter
     games = _read_pgn(pgn)
     assert [g.headers["Result"] for g in games] == ["0-1", "1-0"]  # engine1 White, then Black
     assert [g.headers["Termination"] for g in games] == [termination] * 2
+
+
+@pytest.mark.parametrize("mode", ["nonet", "crash", "illegal"])
+def test_an_engine_that_cannot_make_a_move_stops_the_match_after_two_games(fake, tmp_path, mode):
+    pgn = tmp_path / "out.pgn"
+    lines = []
+    config = _config(fake("random"), fake(f"{mode}/first"), games=20, pgn_path=str(pgn))
+    with pytest.raises(m.MatchError, match=r"^engine2 \(fake-\w+\) lost its first 2 games without making a move") as e:
+        m.run_match(config, lines.append)
+    assert [g.headers["Result"] for g in _read_pgn(pgn)] == ["1-0", "0-1"]  # the two games, not twenty
+    if mode == "nonet":  # the engine's own words reach the user
+        assert e.value.args[0].endswith("(engine2) sent the null move (error: no network loaded: test)")
+        assert "(error: no network loaded: test)" in lines[0]
+
+
+def test_an_engine_that_fails_only_after_moving_plays_the_whole_match(fake):
+    result = m.run_match(_config(fake("random"), fake("crash"), games=4, concurrency=2))
+    assert [g.termination for g in result.games] == ["abandoned"] * 4
+
+
+def test_the_cli_says_why_an_engine_cannot_play_in_one_line(fake, capsys):
+    argv = ["match", "--engine1", fake("nonet/first"), "--engine2", fake("random"), "--games", "30", "--tc", "2+0"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("cyzero match: engine1 (fake-nonet) lost its first 2 games") and "no network loaded" in err[-1]
+    assert len(err) == 3  # the two games' progress lines and the error
 
 
 def test_resign_adjudication(fake):

@@ -71,6 +71,7 @@ OPENINGS_PATH = Path(__file__).with_name("openings.txt")
 STOCKFISH_FALLBACK = "/usr/games/stockfish"  # Debian installs it outside the usual PATH
 
 HANDSHAKE_TIMEOUT = 10.0  # default seconds for an engine to start and answer `uci` with `uciok`
+FAILED_STARTS = 2  # games an engine may lose before its first move in the match; then the match stops
 READY_TIMEOUT = 30.0  # seconds to answer `isready` after `ucinewgame`
 QUIT_TIMEOUT = 5.0  # seconds to exit after `quit` before it is killed
 KILL_WAIT = 5.0  # seconds to wait for a killed engine's last command to finish
@@ -697,6 +698,12 @@ class _Match:
         self.stopping = False  # on_game, should_stop or the SPRT ended the match
         self.games_started = 0
         self.sprt_decision: Optional[str] = None  # "H1" or "H0" once the SPRT has decided
+        # An engine that loses FAILED_STARTS games before it has made one move in the match cannot
+        # play at all (no network, a bad option, a broken build): the match stops with its reason
+        # instead of scoring a hundred forfeits.
+        self.has_moved: set[str] = set()
+        self.failed_starts = {"engine1": 0, "engine2": 0}
+        self.cannot_play: Optional[str] = None
 
     def note(self, text: str) -> None:
         if text not in self._notes:
@@ -803,7 +810,9 @@ class _Match:
             if move is None or not move or move not in board.legal_moves:
                 engine.stats.illegal_moves += 1
                 what = "no move" if move is None else f"the null move" if not move else f"illegal move {move.uci()}"
-                return lose(color, "illegal move", f"{side} sent {what}")
+                said = result.info.get("string")  # e.g. lc0's and cyzero's "error: no network loaded: ..."
+                return lose(color, "illegal move", f"{side} sent {what}" + (f" ({said})" if said else ""))
+            self.has_moved.add(engine.label)
 
             if tc.kind == "clock":
                 clocks[color] -= elapsed
@@ -850,8 +859,22 @@ class _Match:
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def _check_can_play(self, record: GameRecord) -> None:
+        """Count a forfeit by an engine that has not moved yet; two of them set ``cannot_play``."""
+        if record.termination not in ("illegal move", "abandoned", "time forfeit") or record.result == "1/2-1/2":
+            return
+        loser = "engine1" if (record.result == "0-1") == record.engine1_white else "engine2"
+        if loser in self.has_moved:
+            return
+        self.failed_starts[loser] += 1
+        if self.failed_starts[loser] >= FAILED_STARTS and self.cannot_play is None:
+            name = self.names[0 if loser == "engine1" else 1]
+            self.cannot_play = (f"{loser} ({name}) lost its first {FAILED_STARTS} games without making a move, "
+                                f"so it cannot play; the last: {record.reason}")
+
     def finished(self, record: GameRecord) -> None:
         self.records[record.index] = record
+        self._check_can_play(record)
         s = record.engine1_score()
         self.wld[0 if s == 1.0 else 1 if s == 0.0 else 2] += 1
         test = self.config.sprt
@@ -936,6 +959,8 @@ class _Match:
                     if self.stopping:
                         return
                     self.finished(record)
+                    if self.cannot_play is not None:
+                        return stop()
                     done = cfg.on_game is not None and cfg.on_game(record)
                     if self.sprt_decision is not None:
                         running = self.games_started - len(self.records)
@@ -965,6 +990,9 @@ class _Match:
                     watcher.cancel()
         finally:
             await asyncio.gather(*(e.close() for pair in self.pairs for e in pair), return_exceptions=True)
+        if self.cannot_play is not None:
+            self.result()  # the PGN of the games played, as after any stop
+            raise MatchError(self.cannot_play)
         return self.result()
 
     def result(self) -> MatchResult:
