@@ -53,6 +53,15 @@ def test_the_cpu_continuation_starts_near_the_finishing_rate_and_anneals_within_
     assert cont.optimizer.schedule == "cosine" and round(cont.optimizer.min_lr / anneal.optimizer.lr, 9) <= 0.1
 
 
+def test_self_play_on_the_bundled_network_fine_tunes_its_policy_gated_against_it():
+    cpu, sp = load_named_config("cpu"), load_named_config("selfplay-6x64-continue")
+    cont = load_named_config("teacher-6x64-continue")
+    assert sp.model == cont.model and sp.optimizer.lr < cont.optimizer.lr   # fine-tuned, not retrained
+    assert sp.gating.enabled and sp.loss.policy > 0 and sp.loss.value == sp.loss.moves_left == 0
+    assert cpu.selfplay.visits < sp.selfplay.visits and sp.selfplay.temperature < default_config().selfplay.temperature
+    assert sp.daemon == cpu.daemon
+
+
 @pytest.mark.parametrize("name", ["nope", "", "../config", "cpu.toml", "configs/cpu", None])
 def test_an_unknown_or_odd_name_is_none(name):
     assert bundled_config(name) is None
