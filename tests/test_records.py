@@ -195,6 +195,23 @@ def test_wdl_and_plies_left_targets():
     assert mixed.policy.shape == (POLICY_SIZE,) and mixed.planes.shape == (112, 8, 8)
 
 
+def test_q_ratio_mixes_the_searchs_best_move_value_into_the_wdl_target():
+    board = Board()
+    won = _record(board, {"e2e4": 3, "d2d4": 1}, "e2e4", result_q=1.0, result_d=0.0,
+                  best_eval=Eval(0.2, 0.6, 30.0))
+    records = np.array([won, _record(board, {"e2e4": 1}, "e2e4", result_q=-1.0, result_d=0.0,
+                                     best_eval=Eval(math.nan, math.nan, math.nan))])
+    np.testing.assert_allclose(decode_records(records).wdl, [[1, 0, 0], [0, 0, 1]])
+    half = decode_records(records, q_ratio=0.5).wdl
+    # q = 0.5 + 0.1 = 0.6, d = 0.3: W = (1 - d + q) / 2 = 0.65; the record without a search value keeps its loss
+    np.testing.assert_allclose(half, [[0.65, 0.3, 0.05], [0, 0, 1]], atol=1e-6)
+    np.testing.assert_allclose(decode_records(records, q_ratio=1.0).wdl[0], [0.3, 0.6, 0.1], atol=1e-6)
+    np.testing.assert_allclose(half.sum(axis=1), 1.0, atol=1e-6)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="q_ratio"):
+            decode_records(records, q_ratio=bad)
+
+
 def test_writer_refuses_bad_input():
     board = Board()
     with pytest.raises(ValueError, match="e2e5"):

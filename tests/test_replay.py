@@ -262,6 +262,23 @@ def test_a_store_whose_every_chunk_is_held_out_says_so_and_how_to_train(tmp_path
     assert ReplaySampler(store, WindowConfig(floor=1000, **NO_VAL), batch_size=8).held_out_positions == 0
 
 
+def test_the_loader_blends_the_search_value_into_the_target_but_validation_keeps_the_result(tmp_path):
+    store = ReplayStore(tmp_path)
+    records = _game(np.arange(64))
+    records["result_q"], records["result_d"] = 1.0, 0.0       # every position's game was won
+    records["best_q"], records["best_d"] = -0.5, 0.5          # the search thought it was lost
+    store.append_games([records], generation=1, source="selfplay")
+    window = WindowConfig(floor=1000, **NO_VAL)
+    for q_ratio, expected in ((0.0, [1.0, 0.0, 0.0]), (0.25, [0.75, 0.125, 0.125])):
+        for workers in (0, 1):
+            loader = ReplayLoader(store, ReplaySampler(store, window, batch_size=16), workers=workers,
+                                  q_ratio=q_ratio)
+            with loader:
+                np.testing.assert_allclose(next(loader).wdl.numpy(), np.tile(expected, (16, 1)), atol=1e-6)
+    held_out = WindowConfig(floor=1000, val_percent=100.0)
+    np.testing.assert_allclose(validation_batch(store, held_out, 8).wdl.numpy(), np.tile([1.0, 0, 0], (8, 1)))
+
+
 def test_cap_starves_the_loader_until_new_data_arrives(tmp_path):
     store = ReplayStore(tmp_path)
     _fill(store, [40, 40])

@@ -112,7 +112,10 @@ class LossConfig:
     """Loss heads as lc0 trains them (the L2 term is the optimiser's weight decay)."""
 
     policy: float = _f(1.0, "weight of the policy cross-entropy (target over legal moves only)", min=0.0)
-    value: float = _f(1.0, "weight of the WDL cross-entropy against the game result", min=0.0)
+    value: float = _f(1.0, "weight of the WDL cross-entropy against the value target (see value_q_ratio)", min=0.0)
+    value_q_ratio: float = _f(0.0, "share of the search's value of its best move in the WDL target, the rest "
+                              "the game result (lc0's q_ratio; teacher labels carry the same value in both)",
+                              min=0.0, max=1.0)
     moves_left: float = _f(1.0, "weight of the moves-left Huber loss (0 to ignore the head)", min=0.0)
     moves_left_scale: float = _f(20.0, "plies per unit in the moves-left loss: prediction and target "
                                  "are divided by it (lc0: 20)", above=0.0)

@@ -897,7 +897,8 @@ class _Learner:
         if self.loader is None:  # it follows the sampler: a new snapshot restarts its workers
             self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
                                        workers=self.cfg.replay.workers, prefetch=self.cfg.replay.prefetch,
-                                       pin_memory=pinned_transfer(self.device))
+                                       pin_memory=pinned_transfer(self.device),
+                                       q_ratio=self.cfg.loss.value_q_ratio)
         waiting = False
         while True:
             try:

@@ -303,11 +303,16 @@ def to_classical(records: np.ndarray) -> np.ndarray:
     return converted
 
 
-def decode_records(records: np.ndarray) -> Sample:
+def decode_records(records: np.ndarray, *, q_ratio: float = 0.0) -> Sample:
     """Network inputs and targets of N records (a RECORD_DTYPE array), each with a leading N axis.
 
-    Records of lc0's input format 2 are converted (:func:`to_classical`).
+    Records of lc0's input format 2 are converted (:func:`to_classical`).  ``q_ratio`` mixes the
+    search's value of its best move (``best_q``, ``best_d``) into the WDL target, the rest being
+    the game result, as lc0's trainer does: one result is a noisy label for every position of its
+    game.  A record without a best-move value (NaN) keeps its result.
     """
+    if not 0.0 <= q_ratio <= 1.0:
+        raise ValueError(f"q_ratio must be in [0, 1], got {q_ratio}")
     records = np.atleast_1d(np.asarray(records))
     if records.dtype != RECORD_DTYPE:
         raise TypeError(f"expected records of RECORD_DTYPE, got dtype {records.dtype}")
@@ -324,6 +329,12 @@ def decode_records(records: np.ndarray) -> Sample:
     planes[:, 111] = 1.0
     q = records["result_q"].astype(np.float32)
     d = records["result_d"].astype(np.float32)
+    if q_ratio > 0.0:
+        best_q = records["best_q"].astype(np.float32)
+        best_d = records["best_d"].astype(np.float32)
+        known = np.isfinite(best_q) & np.isfinite(best_d)
+        q = np.where(known, (1 - q_ratio) * q + q_ratio * best_q, q)
+        d = np.where(known, (1 - q_ratio) * d + q_ratio * best_d, d)
     wdl = np.stack([(1 - d + q) / 2, d, (1 - d - q) / 2], axis=1)
     return Sample(planes, records["probabilities"].astype(np.float32), wdl,
                   records["plies_left"].astype(np.float32))

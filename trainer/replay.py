@@ -630,7 +630,7 @@ _FIELD_FLOATS = tuple(math.prod(shape) for shape in _FIELD_SHAPES)
 _POSITION_FLOATS = sum(_FIELD_FLOATS)
 
 
-def _pack(records: np.ndarray, *, shared: bool = False) -> torch.Tensor:
+def _pack(records: np.ndarray, *, shared: bool = False, q_ratio: float = 0.0) -> torch.Tensor:
     """The decoded ``records`` as ONE 1-D float32 tensor: all the planes, then all the policies,
     the WDLs and the plies left (:func:`_unpack` gives the :class:`Batch` of views).
 
@@ -638,8 +638,9 @@ def _pack(records: np.ndarray, *, shared: bool = False) -> torch.Tensor:
     descriptor to pass and one buffer to unpickle, in the learner's process, where that work
     competes with the training loop for the GIL), which the loader pins in one copy on CUDA.
     ``shared``: the buffer is made in shared memory, so handing it over copies nothing more.
+    ``q_ratio``: the search's share of the value target (:func:`trainer.records.decode_records`).
     """
-    sample = decode_records(records)
+    sample = decode_records(records, q_ratio=q_ratio)
     n = len(records)
     count = n * _POSITION_FLOATS
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
@@ -701,8 +702,9 @@ class _BatchReader(Dataset):
     Runs in the worker processes; keeps each chunk it touched memory-mapped.
     """
 
-    def __init__(self, store: ReplayStore, window: _Window, rank: int, world: int):
+    def __init__(self, store: ReplayStore, window: _Window, rank: int, world: int, q_ratio: float = 0.0):
         self.chunks_dir = store.chunks_dir
+        self.q_ratio = q_ratio
         self.cache_dir = store.cache_dir
         self.window = window
         self.rank, self.world = rank, world
@@ -786,7 +788,7 @@ class _BatchReader(Dataset):
         else:
             raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
         found, self._found = self._found, []
-        return batch, _pack(records, shared=get_worker_info() is not None), found
+        return batch, _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio), found
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -816,10 +818,13 @@ class ReplayLoader:
     (``non_blocking``). With workers, the DataLoader's pinning thread copies each packed
     batch (one buffer, :func:`_pack`) into pinned memory ahead of time; without workers the
     batch is pinned as it is handed over.
+
+    ``q_ratio``: the search's share of the value target (``loss.value_q_ratio``); the
+    validation batch keeps the game result, so held-out losses stay comparable between runs.
     """
 
     def __init__(self, store: ReplayStore, sampler: ReplaySampler, *, rank: int = 0, world: int = 1,
-                 workers: int = 2, prefetch: int = 4, pin_memory: bool = False):
+                 workers: int = 2, prefetch: int = 4, pin_memory: bool = False, q_ratio: float = 0.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in a world of {world}")
         if sampler.batch_size < world:
@@ -829,6 +834,7 @@ class ReplayLoader:
         self.store, self.sampler = store, sampler
         self.rank, self.world = rank, world
         self.workers, self.prefetch = workers, prefetch
+        self.q_ratio = q_ratio
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self._iter: Iterator | None = None
         self._state: tuple[int, int] | None = None   # (sampler version, next batch) the stream follows
@@ -847,7 +853,7 @@ class ReplayLoader:
         self._left = s.batches_available()
         if self._left == 0:
             return
-        reader = _BatchReader(self.store, s._plan, self.rank, self.world)
+        reader = _BatchReader(self.store, s._plan, self.rank, self.world, self.q_ratio)
         numbers = range(s.next_batch, s.next_batch + self._left)
         if self.workers == 0:
             self._iter = map(reader.__getitem__, numbers)
