@@ -93,7 +93,8 @@ class ParityBounds:
 #: 0.022 x scale, agreement >= 0.93 ("scale" = max(1, max |reference value|)).
 #: The fp16 and int8 bounds leave a margin of about 3x to 6x; fp32 is the contract's 1e-4.
 #: A trained net's value head is sharper: the bundled 6x64 (engine/nets/PROVENANCE.md)
-#: measured fp16 WDL 1.6e-3, so fp16's WDL bound is 4e-3, still 2.5x that.
+#: measured fp16 WDL 1.6e-3 at stage 4 and 4.7e-3 at stage 6, continued on deeper labels
+#: (a probability off by half a percent, on a GPU only), so fp16's WDL bound is 1e-2, 2x that.
 #: Trained nets quantize worse than random ones too: the bundled 6x64 and two checkpoints
 #: of another 6x64 measured int8 policy up to 0.102 x scale and WDL up to 0.110 (best move
 #: agreement >= 0.96), so int8's policy and WDL bounds are 0.25 and 0.2; a match, not
@@ -106,7 +107,7 @@ class ParityBounds:
 #: export with "mlh max |diff| 0.000122 > 0.0001", the head's outputs up to 160).
 PARITY_BOUNDS = {
     "fp32": ParityBounds(policy=1e-4, wdl=1e-4, mlh=1e-4, min_argmax_agreement=0.99),
-    "fp16": ParityBounds(policy=3e-3, wdl=4e-3, mlh=1e-3, min_argmax_agreement=0.95),
+    "fp16": ParityBounds(policy=3e-3, wdl=1e-2, mlh=1e-3, min_argmax_agreement=0.95),
     "int8": ParityBounds(policy=0.25, wdl=0.2, mlh=0.06, min_argmax_agreement=0.8),
 }
 
