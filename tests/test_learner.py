@@ -430,13 +430,32 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
+def _identity(pid: int) -> tuple[int, str] | None:
+    """``(pid, start time)``: a pid names one process only until it is reaped and reused, which
+    a busy machine with a pid_max of 32768 can do within the minute this file waits."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return pid, f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def _running(process: tuple[int, str]) -> bool:
+    """The same process, alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
+    try:
+        with open(f"/proc/{process[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return False
+    return fields[19] == process[1] and fields[0] != "Z"
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux's (5.3+)")
@@ -472,21 +491,22 @@ def test_a_sigkilled_learner_leaves_no_rank_behind(tmp_path, one_thread):
             if line.startswith("learner: step"):
                 break
         assert seen and seen[-1].startswith("learner: step"), "".join(seen)[-3000:]
-        below = _descendants(proc.pid)
+        below = {i for i in map(_identity, _descendants(proc.pid)) if i is not None}
         assert len(below) >= 2, below      # the two ranks at least
         proc.kill()
         proc.wait(30)
-        _wait_for(lambda: not any(_running(p) for p in below), "the ranks to end after their learner", 60.0)
+        _wait_for(lambda: not any(_running(p) for p in below), "the ranks to end after their learner", 60.0,
+                  lambda: [f"{p[0]}: {_command(p[0])}" for p in below if _running(p)])
     finally:
         proc.kill()
         proc.wait(30)
         proc.stderr.close()
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+def _wait_for(predicate, what: str, timeout: float = 60.0, details=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {details()}"
         time.sleep(0.1)
 
 
