@@ -430,24 +430,26 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _identity(pid: int) -> tuple[int, str] | None:
-    """``(pid, start time)``: a pid names one process only until it is reaped and reused, which
-    a busy machine with a pid_max of 32768 can do within the minute this file waits."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return pid, f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
 
 
+def _identity(pid: int) -> tuple[int, str] | None:
+    """``(pid, start time)``: a pid names one process only until it is reaped and reused, which
+    a busy machine with a pid_max of 32768 can do within the minute this file waits."""
+    fields = _stat(pid)
+    return None if fields is None else (pid, fields[19])
+
+
 def _running(process: tuple[int, str]) -> bool:
     """The same process, alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
-    try:
-        with open(f"/proc/{process[0]}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == process[1] and fields[0] != "Z"
+    fields = _stat(process[0])
+    return fields is not None and fields[19] == process[1] and fields[0] != "Z"
 
 
 def _command(pid: int) -> str:
