@@ -258,6 +258,51 @@ def test_foreign_and_mismatched_onnx_files_are_one_line_refusals(tmp_path, tiny_
     assert read_network(tmp_path / "net.bin")[0].config.name == "1x8"
 
 
+# --------------------------------------------------------------------------- deepening
+
+
+@pytest.mark.parametrize("se", [True, False])
+def test_a_deepened_network_computes_what_its_source_computes_until_it_learns(positions, se):
+    from trainer.model import deepen
+
+    source = randomised(NetConfig.from_name("3x8", se=se), seed=4)
+    grown = deepen(source, 7, seed=1)
+    assert grown.config == NetConfig.from_name("7x8", se=se)
+    # the source's blocks, in order, spread among the new ones (positions 0, 2 and 5 of 7)
+    for position, i in ((0, 0), (2, 1), (5, 2)):
+        for name, value in source.blocks[i].state_dict().items():
+            assert torch.equal(grown.blocks[position].state_dict()[name], value), (position, name)
+    assert torch.equal(grown.stem[0].weight, source.stem[0].weight)
+    for got, want in zip(torch_outputs(grown, positions[0]), torch_outputs(source, positions[0]), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    # in training mode too (batch statistics), which is where the learner starts from
+    planes = torch.from_numpy(positions[0])
+    grown.train()
+    source.train()
+    with torch.no_grad():
+        for got, want in zip(grown(planes), source(planes), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+    # the new blocks learn: one step moves their last batch norm off zero, and the function with it
+    optimizer = torch.optim.SGD(grown.parameters(), lr=0.1)
+    out = grown(planes)
+    (out.policy.logsumexp(dim=1).mean() + out.wdl.square().mean()).backward()
+    optimizer.step()
+    assert float(grown.blocks[1].conv2[1].weight.detach().abs().sum()) > 0
+    with torch.no_grad():
+        assert not torch.allclose(grown.eval()(planes).wdl, source.eval()(planes).wdl, atol=1e-6)
+
+
+def test_deepening_refuses_fewer_blocks_and_non_relu_networks():
+    from trainer.model import deepen
+
+    with pytest.raises(ValueError, match="cannot deepen a 3x8 network to 2 blocks: it has 3"):
+        deepen(Net(NetConfig.from_name("3x8")), 2)
+    with pytest.raises(ValueError, match="cannot deepen a mish network"):
+        deepen(Net(NetConfig.from_name("1x8", activation="mish")), 2)
+    assert deepen(Net(NetConfig.from_name("2x8")), 2).config.blocks == 2
+
+
 # --------------------------------------------------------------------------- learn --init-from
 
 
@@ -305,6 +350,45 @@ def test_learn_init_from_the_bundled_network_starts_from_its_weights(tmp_path, b
     step2 = torch.load(list_checkpoints(run)[-1][1], weights_only=True)
     assert step2["step"] == 2 and load_net(step2).config == source.config
     assert step2["train_config"]["train"]["init_from"] == DEFAULT
+
+
+def test_learn_init_from_with_init_blocks_deepens_the_file_and_starts_from_its_function(tmp_path, tiny_export,
+                                                                                        positions, capsys):
+    from test_learner import TINY, make_run, run_learn
+
+    from engine.network import Network
+    from trainer.cli import main
+    from trainer.learner import list_checkpoints
+    from trainer.model import load_net
+
+    source = tmp_path / "tiny.onnx"
+    source.write_bytes(tiny_export)  # a 1x8
+    run = make_run(tmp_path / "run", config=TINY.replace("[train]\n", "[train]\ninit_blocks = 3\n"))
+    code, lines = run_learn(run, steps=2, init_from=str(source))
+    assert code == 0, lines
+    assert any("deepened to 3x8 by blocks that start as the identity" in ln for ln in lines), lines
+    generations = [json.loads(ln) for ln in open(os.path.join(run, "generations.jsonl"))]
+    outputs = []
+    for path in (source, os.path.join(run, generations[0]["onnx"])):
+        network = Network(str(path), backend="cpu")
+        try:
+            outputs.append(network.evaluate(positions[0]))
+        finally:
+            network.close()
+    for got, want in zip(outputs[1], outputs[0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    step2 = torch.load(list_checkpoints(run)[-1][1], weights_only=True)
+    assert step2["step"] == 2 and load_net(step2).config.name == "3x8"
+
+    # a network only grows: fewer blocks than the file's is a one-line error before any checkpoint
+    other = make_run(tmp_path / "other", config=TINY.replace('net = "1x8"', 'net = "2x8"').replace(
+        "[train]\n", "[train]\ninit_blocks = 1\n"))
+    deeper = tmp_path / "deeper.onnx"
+    export_onnx(randomised(NetConfig.from_name("2x8"), seed=2), deeper, check_planes=positions[0])
+    code = main(["learn", other, "--steps", "2", "--no-progress", "--init-from", str(deeper)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "train.init_blocks = 1" in err[-1] and "can only grow" in err[-1], err
+    assert list_checkpoints(other) == []
 
 
 def test_learn_init_from_a_reduced_precision_file_is_a_one_line_error(tmp_path, capsys):

@@ -136,6 +136,9 @@ class TrainingConfig:
     init_from: str = _f("", "a new run starts from this network: an lc0 weights file (.pb.gz, .pb), a cyzero "
                         "fp32 ONNX export (.onnx) or a cyzero checkpoint (.pt), relative to the run directory; its shape replaces the [model] "
                         "section; ignored once the run has a checkpoint (empty: a freshly initialised network)")
+    init_blocks: int = _f(0, "with init_from: the new run's residual blocks (0: the file's); more than the file has "
+                          "adds blocks that start as the identity, spread among the file's, so the deeper network "
+                          "starts from the file's function (ReLU networks)", min=0)
     amp: str = _f("bf16", "mixed precision on CUDA: bf16, fp16 (with a gradient scaler) or off; "
                   "the CPU always trains in float32", choices=("bf16", "fp16", "off"))
     average: str = _f("ema", "weight averaging: ema, swa (lc0's running average) or none; the export "

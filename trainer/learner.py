@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -59,7 +60,7 @@ from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig,
     default_config, from_dict, load_config, model_differences, named_config_path, to_toml,
 )
-from trainer.model import Net, NetConfig, NetOutput, build_net
+from trainer.model import Net, NetConfig, NetOutput, build_net, deepen
 from trainer.report import list_checkpoints, pid_alive  # noqa: F401 - torch-free, so status lists them too
 
 __all__: Sequence[str] = [
@@ -199,11 +200,22 @@ def _read_init_network(path: str) -> tuple[Net, str]:
     return _INIT_NETWORKS[key]
 
 
+def _grown_config(source: NetConfig, config: TrainConfig) -> NetConfig:
+    """The shape a run from ``source`` trains: the file's, with ``train.init_blocks`` blocks when set."""
+    blocks = config.train.init_blocks
+    if not blocks or blocks == source.blocks:
+        return source
+    if blocks < source.blocks or source.activation != "relu":
+        raise ValueError(f"train.init_blocks = {blocks}: the file's {source.name} network can only grow, and only "
+                         f"with ReLU activations (it has {source.blocks} blocks, {source.activation})")
+    return dataclasses.replace(source, blocks=blocks)
+
+
 def _apply_init_from(run_dir: str, config: TrainConfig, log: Log) -> TrainConfig:
     """A new run with ``train.init_from``: ``config`` with the file's network shape as its ``[model]``."""
     path = init_from_path(config, run_dir)
     net, description = _read_init_network(path)
-    model = model_section(net.config)
+    model = model_section(_grown_config(net.config, config))
     before = config.model
     changed = [f"{key} {json.dumps(getattr(before, key))} -> {json.dumps(value)}" for key, value in model.items()
                if getattr(before, key) != value]
@@ -698,27 +710,37 @@ class _Learner:
 
         path = init_from_path(self.cfg, self.run_dir)
         source, _ = _read_init_network(path)
-        if source.config != self.net_config:
+        if _grown_config(source.config, self.cfg) != self.net_config:
             raise ValueError(f"train.init_from: {path} holds a {source.config.name} network unlike the run's "
                              f"[model] ({self.net_config.name}); the file changed since the run started?")
-        self.net.load_state_dict(source.state_dict())
-        if not has_folded_batch_norm(path):  # a cyzero checkpoint's batch norms have their statistics already
-            self.log(f"learner: step 0 starts from {path}")
-            return
-        planes = None
+        start = Net(source.config, seed=None)
+        start.load_state_dict(source.state_dict())
+        calibrated = ""
+        if has_folded_batch_norm(path):  # a cyzero checkpoint's batch norms have their statistics already
+            planes = self._calibration_planes()
+            calibrate_batch_norm(start, planes)
+            calibrated = f" (batch norms calibrated on {len(planes)} positions)"
+        grown = ""
+        if start.config.blocks != self.net_config.blocks:
+            start = deepen(start, self.net_config.blocks, seed=self.cfg.train.seed)
+            grown = f", deepened to {self.net_config.name} by blocks that start as the identity"
+        self.net.load_state_dict(start.state_dict())
+        self.log(f"learner: step 0 starts from {path}{calibrated}{grown}")
+
+    def _calibration_planes(self) -> np.ndarray:
+        """Positions to calibrate a folded file's batch norms on: the run's held-out ones, else
+        positions from random games."""
         if self.cfg.replay.validation_positions > 0:
             from trainer.replay import ReplayStore, validation_batch
 
             batch = validation_batch(ReplayStore(self.run_dir), self.cfg.replay,
                                      self.cfg.replay.validation_positions, seed=self.cfg.train.seed)
             if batch is not None and len(batch.planes):
-                planes = batch.planes.numpy()
-        if planes is None:
-            from trainer.export import sample_positions
+                return batch.planes.numpy()
+        from trainer.export import sample_positions
 
-            planes, _ = sample_positions(512, seed=self.cfg.train.seed)
-        calibrate_batch_norm(self.net, planes)
-        self.log(f"learner: step 0 starts from {path} (batch norms calibrated on {len(planes)} positions)")
+        planes, _ = sample_positions(512, seed=self.cfg.train.seed)
+        return planes
 
     def _load(self, path: str) -> dict:
         data = _read_checkpoint(path, int(os.path.basename(path)[5:-3]))

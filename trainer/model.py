@@ -368,6 +368,43 @@ def build_net(config: NetConfig | str, seed: int | None = 0) -> Net:
     return Net(config, seed=seed)
 
 
+def deepen(source: Net, blocks: int, seed: int | None = 0) -> Net:
+    """``source`` with ``blocks`` residual blocks, computing exactly what ``source`` computes.
+
+    Why: a network that has stopped learning for want of capacity (its training loss no lower
+    than its held-out loss) grows without starting over. The new blocks are spread evenly among
+    the source's and start as the identity: their last batch norm's scale and shift are zero,
+    so the branch adds nothing (the SE unit's shift is zero on a zero input, its layers' biases
+    being zero), and the block's ReLU passes its input, which a ReLU produced, unchanged (so
+    ReLU networks only: a Mish of a Mish is not the identity).
+    Their first convolution is freshly initialised (deterministic given ``seed``), so gradients
+    reach the whole branch once its last scale moves off zero."""
+    have = len(source.blocks)
+    if blocks < have:
+        raise ValueError(f"cannot deepen a {source.config.name} network to {blocks} blocks: it has {have}")
+    if source.config.activation != "relu":
+        raise ValueError(f"cannot deepen a {source.config.activation} network: new blocks are the identity "
+                         "only after a ReLU")
+    grown = Net(dataclasses.replace(source.config, blocks=blocks), seed=seed)
+    keep = {round(i * blocks / have): i for i in range(have)}  # new position -> source block
+    state = grown.state_dict()
+    for name, value in source.state_dict().items():
+        if not name.startswith("blocks."):
+            state[name] = value
+    for position, i in keep.items():
+        for name, value in source.blocks[i].state_dict().items():
+            state[f"blocks.{position}.{name}"] = value
+    grown.load_state_dict(state)
+    for position, block in enumerate(grown.blocks):
+        if position not in keep:
+            nn.init.zeros_(block.conv2[1].weight)
+            nn.init.zeros_(block.conv2[1].bias)
+            if block.se is not None:
+                nn.init.zeros_(block.se.fc1.bias)
+                nn.init.zeros_(block.se.fc2.bias)
+    return grown
+
+
 def save_checkpoint_dict(net: Net) -> dict:
     """What a checkpoint needs to rebuild the net: its config and weights."""
     return {"config": net.config.to_dict(), "model": net.state_dict()}
