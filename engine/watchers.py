@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from engine.announce import (
     FETCH_CHUNK_BYTES,
+    MAX_HEADER_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_NETWORK_BYTES,
     TOPIC,
@@ -436,7 +437,9 @@ class TrainerFollower(_Watcher):
         where = f"the daemon at {endpoint}"
         socket = self._socket(zmq.DEALER)
         try:
-            socket.setsockopt(zmq.MAXMSGSIZE, FETCH_CHUNK_BYTES)  # per frame: a larger one drops the peer
+            # per frame as it arrives, a larger one drops the peer: a chunk, plus the room CURVE's
+            # framing takes around it (a limit of the chunk alone dropped every full chunk over CURVE)
+            socket.setsockopt(zmq.MAXMSGSIZE, FETCH_CHUNK_BYTES + MAX_HEADER_BYTES)
             socket.connect(endpoint)
             socket.send_multipart(encode_fetch_request(a.generation, a.sha256))
             deadline = time.monotonic() + FETCH_TIMEOUT_S

@@ -19,6 +19,7 @@ import zmq
 import zmq.auth
 
 from engine.announce import (
+    FETCH_CHUNK_BYTES,
     Announcer,
     KeyFileError,
     decode_fetch_request,
@@ -39,6 +40,7 @@ from weights_helpers import (
     curve_daemon,  # noqa: F401 - a fixture
     garbage_messages,
     make_manager,
+    restamped,
     sha,
     replace_atomically,
 )
@@ -261,13 +263,14 @@ def test_a_network_the_engine_cannot_read_is_fetched_verified_and_cached(tmp_pat
         server.close()
 
 
-GOOD_REPLY = encode_fetch_reply(1, sha(B), B)
+GOOD_REPLY = [bytes(frame) for frame in encode_fetch_reply(1, sha(B), B)]  # the header, then B in chunks
+HEADER, *CHUNKS = GOOD_REPLY
 MISBEHAVING_REPLIES = {  # what the daemon sends -> what the refusal says
     "a refusal": ([*encode_fetch_refusal(1, sha(B), "busy")], "refused to send it: busy"),
     "truncated frames": (GOOD_REPLY[:1], f"ended after 0 of {len(B)} bytes"),
-    "too many frames": ([*GOOD_REPLY, b"extra"], "has more than the 1 frames its header says"),
-    "too many bytes": ([GOOD_REPLY[0], B + b"extra"], f"carries more than the {len(B)} bytes announced"),
-    "too few bytes": ([GOOD_REPLY[0], B[:-5]], f"carries {len(B) - 5} bytes, its header says {len(B)}"),
+    "too many frames": ([*GOOD_REPLY, b"extra"], f"has more than the {len(CHUNKS)} frames its header says"),
+    "too many bytes": ([HEADER, *CHUNKS[:-1], CHUNKS[-1] + b"extra"], f"carries more than the {len(B)} bytes announced"),
+    "too few bytes": ([HEADER, *CHUNKS[:-1], CHUNKS[-1][:-5]], f"carries {len(B) - 5} bytes, its header says {len(B)}"),
     "garbled header": ([b"\xc1", *GOOD_REPLY[1:]], "malformed reply from the daemon"),
     "another generation": (encode_fetch_reply(9, sha(B), B), "answered for generation 9, not 1"),
 }
@@ -306,19 +309,22 @@ def test_an_unreadable_path_without_a_fetch_endpoint_is_refused_clearly(weights,
 
 
 def test_an_engine_with_keys_follows_a_curve_daemon_and_fetches_from_it(tmp_path, weights, curve_daemon):
+    """A network of more than one full chunk: CURVE's framing adds to each chunk on the wire, which
+    the engine's size limit must allow (it once dropped the daemon at the first full chunk)."""
     context, server_keys, engine_keys, _ = curve_daemon
-    server = FetchServer(context, lambda r: encode_fetch_reply(r.generation, r.sha256, B), server_keys=server_keys)
+    large = restamped(C, b" " * FETCH_CHUNK_BYTES)
+    server = FetchServer(context, lambda r: encode_fetch_reply(r.generation, r.sha256, large), server_keys=server_keys)
     try:
         with Announcer("tcp://127.0.0.1:*", interval=FAST, server_keys=server_keys, context=context) as daemon:
             # The daemon's disk is not ours: its announcements name the stand-in ROUTER to fetch from.
             daemon.fetch_endpoint = server.endpoint
-            daemon.announce(1, "/daemon-disk/gen1.onnx", sha(B))
+            daemon.announce(1, "/daemon-disk/gen1.onnx", sha(large))
             log = Log()
             with make_manager(weights, log, endpoint=daemon.endpoint, keys=engine_keys,
                               cache_dir=str(tmp_path / "cache")) as manager:
                 manager.get()
-                assert manager.wait_pending(WAIT) and manager.apply_pending()
-                assert manager.generation == 1 and manager.sha256 == sha(B) and len(server.requests) == 1
+                assert manager.wait_pending(WAIT) and manager.apply_pending(), log.lines
+                assert manager.generation == 1 and manager.sha256 == sha(large) and len(server.requests) == 1
                 assert log.having("switched to network") and not log.having("refused")
     finally:
         server.close()

@@ -9,6 +9,7 @@ that load in a few hundredths of a second); the managers poll fast
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -38,15 +39,31 @@ def bundled(name: str) -> bytes:
         return f.read()
 
 
-def _restamped(data: bytes) -> bytes:
-    """The same network in other bytes (another sha256): ``doc_string`` is ONNX field 6."""
-    note = b"a test copy"
-    return data + bytes([6 << 3 | 2, len(note)]) + note   # a repeated scalar field: the last one wins
+def restamped(data: bytes, note: bytes = b"a test copy") -> bytes:
+    """The same network in other bytes (another sha256; a long ``note`` makes it larger):
+    ``doc_string`` is ONNX field 6, a repeated scalar field whose last value wins."""
+    length, size = len(note), bytearray()
+    while True:  # the note's length as a protobuf varint
+        size.append(length & 0x7F | (0x80 if length >> 7 else 0))
+        length >>= 7
+        if not length:
+            break
+    return data + bytes([6 << 3 | 2]) + bytes(size) + note
+
+
+def bundled_size(name: str = "default.onnx") -> str:
+    """The bundled network's ``BLOCKSxFILTERS`` from its ``cyzero.config`` metadata, as the engine's
+    lines name it (read here with ONNX Runtime, apart from the engine's own reader)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(os.path.join(NETS, name), providers=["CPUExecutionProvider"])
+    config = json.loads(session.get_modelmeta().custom_metadata_map["cyzero.config"])
+    return f"{config['blocks']}x{config['filters']}"
 
 
 A = bundled("default.fp16.onnx")
 C = bundled("default.onnx")
-B = _restamped(C)
+B = restamped(C)
 
 
 def sha(data: bytes) -> str:
