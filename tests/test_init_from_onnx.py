@@ -2,7 +2,7 @@
 ``read_network``, ``learn --init-from`` and ``train.init_from`` rebuild the PyTorch network from the
 file's ``cyzero.config`` metadata and initializers and check it against the file's own graph.
 
-The bundled ``engine/nets/default.onnx`` is the real case (6x64, conv policy, moves-left, batch
+The bundled ``engine/nets/default.onnx`` is the real case (10x64, conv policy, moves-left, batch
 norm folded by the exporter); tiny networks exported by ``trainer.export`` cover the other heads,
 and hand-edited graphs the layouts another exporter writes (MatMul + Add, a BatchNormalization
 node, dropped zero biases). fp16, int8 and foreign ONNX files are one-line refusals.
@@ -66,9 +66,9 @@ def test_the_bundled_network_rebuilt_in_pytorch_computes_what_the_file_computes(
     from test_lc0_trainer import encoded
 
     net, description = bundled
-    assert description == "default.onnx: cyzero ONNX export, 6x64, rebuilt from its weights"
     meta = {p.key: p.value for p in onnx.load(DEFAULT, load_external_data=False).metadata_props}
     assert net.config == NetConfig.from_dict(json.loads(meta["cyzero.config"])) and not net.training
+    assert description == f"default.onnx: cyzero ONNX export, {net.config.name}, rebuilt from its weights"
     # folded batch norm, loaded as lc0's is: the identity plus the folded bias
     bn = net.stem[1]
     assert torch.all(bn.weight == 1) and torch.all(bn.running_mean == 0)
@@ -317,7 +317,9 @@ def test_learn_init_from_the_bundled_network_starts_from_its_weights(tmp_path, b
     run = make_run(tmp_path / "run")  # [model] net = "1x8"
     code, lines = run_learn(run, steps=2, init_from=DEFAULT)
     assert code == 0, lines
-    assert any("default.onnx: cyzero ONNX export, 6x64" in ln and 'net "1x8" -> "6x64"' in ln for ln in lines), lines
+    size = bundled[0].config.name
+    assert any(f"default.onnx: cyzero ONNX export, {size}" in ln and f'net "1x8" -> "{size}"' in ln
+               for ln in lines), lines
     assert any("(batch norms calibrated on" in ln and "default.onnx" in ln for ln in lines), lines
     generations = [json.loads(ln) for ln in open(os.path.join(run, "generations.jsonl"))]
     assert [(g["generation"], g["step"]) for g in generations] == [(0, 0), (1, 2)]

@@ -244,6 +244,8 @@ def test_a_conv_policy_writes_lc0s_80_planes_with_the_unused_seven_zero():
 
 
 def test_export_lc0_writes_a_file_the_engine_plays_and_its_sha256(tmp_path, capsys):
+    from weights_helpers import bundled_size
+
     from engine.files import verify_sha256
     from engine.network import Network
     from trainer.cli import main
@@ -260,7 +262,7 @@ def test_export_lc0_writes_a_file_the_engine_plays_and_its_sha256(tmp_path, caps
     theirs = Network(DEFAULT, backend="cpu")
     mine = Network(path, backend="cpu")
     try:
-        assert "lc0 network 6x64 SE" in mine.description
+        assert f"lc0 network {bundled_size()} SE" in mine.description
         a, b = theirs.evaluate(planes), mine.evaluate(planes)
         np.testing.assert_allclose(a[1], b[1], rtol=0, atol=LC0_FILE_PARITY["wdl"])
         assert (a[0].argmax(1) == b[0].argmax(1)).all()

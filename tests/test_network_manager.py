@@ -16,7 +16,7 @@ import pytest
 from engine import watchers
 from engine.announce import Announcer
 from uci.session import Session
-from weights_helpers import FAST, WAIT, B, bundled, curve_daemon, sha  # noqa: F401 - a fixture
+from weights_helpers import FAST, WAIT, B, bundled, bundled_size, curve_daemon, sha  # noqa: F401 - a fixture
 
 CPU_DEFAULT_SHA = sha(bundled("default.int8.onnx"))   # the bundled network's CPU variant (engine.weights)
 
@@ -75,7 +75,8 @@ def searched_legal_move(lines: list[str]) -> str:
 @pytest.mark.parametrize("junk", ["missing", "truncated"])
 def test_a_broken_weights_file_keeps_the_network_that_was_loaded(tmp_path, eng, junk):
     said = eng.info_strings(eng.send("isready"))
-    assert said == [f"loaded network default.int8.onnx sha256:{CPU_DEFAULT_SHA[:12]} CPU int8 6x64, float32 io"]
+    assert said == [f"loaded network default.int8.onnx sha256:{CPU_DEFAULT_SHA[:12]} CPU int8 {bundled_size()}, "
+                    "float32 io"]
     path = tmp_path / "net.onnx"
     if junk == "truncated":
         path.write_bytes(B[: len(B) // 3])
@@ -142,7 +143,8 @@ def test_each_swap_from_the_daemon_is_reported(tmp_path, eng):
             assert time.monotonic() < deadline, eng.lines
             switched = [line for line in eng.send("isready") if "switched to network" in line]
             time.sleep(0.05)
-        assert switched == [f"info string switched to network gen1.onnx sha256:{sha(B)[:12]} CPU fp32 6x64, "
+        assert switched == [f"info string switched to network gen1.onnx sha256:{sha(B)[:12]} CPU fp32 "
+                            f"{bundled_size()}, "
                             f"float32 io, generation 1, run r7; search cache cleared"]
 
 

@@ -224,7 +224,7 @@ def _build_parser() -> argparse.ArgumentParser:
                             "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
     bench.add_argument("--simulate-gpu", action="store_true",
                        help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
-                            "costs for the bundled 6x64, a stall at each new input shape) as a GPU worker would")
+                            "costs for a 6x64, a stall at each new input shape) as a GPU worker would")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 

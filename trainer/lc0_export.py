@@ -55,8 +55,11 @@ LINEAR16 = 1
 
 #: How close the written file's graph (:func:`engine.lc0.lc0_to_onnx`) must be to the PyTorch
 #: network: policy logits and WDL probabilities, max absolute difference (LINEAR16 rounds each
-#: weight to 1/65535 of its layer's range; the bundled network stays within 8e-3 and 2.2e-3).
-LC0_FILE_PARITY = {"policy": 5e-2, "wdl": 5e-3, "mlh": 5e-2}
+#: weight to 1/65535 of its layer's range, and the rounding adds up block by block: the 6x64
+#: bundled until stage 7 stayed within 8e-3 and 2.2e-3, the 10x64 of stage 8 measures 1.1e-2 and
+#: 5.5e-3 on 256 random positions, WDL 1.0e-2 on the lc0 tests' 32. A broken layout is off by
+#: tenths; a WDL probability off by a percent is nothing a search can feel).
+LC0_FILE_PARITY = {"policy": 5e-2, "wdl": 2e-2, "mlh": 5e-2}
 
 
 class Lc0ExportError(ValueError):

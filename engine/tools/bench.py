@@ -1251,7 +1251,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 def _simulate_gpu_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate-gpu", action="store_true",
                         help="run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
-                             "costs for the bundled 6x64, a stall at each new input shape) instead of "
+                             "costs for a 6x64, a stall at each new input shape) instead of "
                              "ONNX Runtime, to see the search and the batching without a GPU")
 
 

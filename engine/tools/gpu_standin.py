@@ -4,7 +4,7 @@ It takes the place of the session factory under the real
 :class:`engine.network.Network` (``Network(path, backend="cuda",
 session_factory=SimulatedGPU())``), so the per-size sessions, the padding and
 the warm-up at load are what a test or a benchmark exercises. Its sessions
-cost what was measured on an H100 for the bundled 6x64 network:
+cost what was measured on an H100 for the 6x64 network bundled then (stages 1-7):
 
 * a fixed cost per call (0.4 ms) and a cost per position (12 us): 74,000
   positions/s at batch 256;
@@ -34,7 +34,7 @@ import numpy as np
 from engine.network import INPUT_NAME, MLH_NAME, POLICY_NAME, PLANES, POLICY_SIZE, WDL_NAME, Network
 from engine.sessions import CPU, CUDA
 
-# The bundled 6x64 fp16 on an H100 (issue figures): 0.4 ms a call + 12 us a position.
+# The 6x64 then bundled, fp16 on an H100 (issue figures): 0.4 ms a call + 12 us a position.
 H100_CALL_S = 0.0004
 H100_POSITION_S = 12e-6
 H100_NEW_SHAPE_S = 0.5
