@@ -26,6 +26,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from engine.announce import TOPIC, load_server_keys
 from engine.network import Network
 from engine.network_manager import NetworkManager
+from lc0_files import f_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETS = os.path.join(REPO, "engine", "nets")
@@ -42,13 +43,7 @@ def bundled(name: str) -> bytes:
 def restamped(data: bytes, note: bytes = b"a test copy") -> bytes:
     """The same network in other bytes (another sha256; a long ``note`` makes it larger):
     ``doc_string`` is ONNX field 6, a repeated scalar field whose last value wins."""
-    length, size = len(note), bytearray()
-    while True:  # the note's length as a protobuf varint
-        size.append(length & 0x7F | (0x80 if length >> 7 else 0))
-        length >>= 7
-        if not length:
-            break
-    return data + bytes([6 << 3 | 2]) + bytes(size) + note
+    return data + f_bytes(6, note)
 
 
 def bundled_size(name: str = "default.onnx") -> str:
