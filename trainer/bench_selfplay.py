@@ -90,8 +90,8 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     return figures
 
 
-def _selfplay_child(job: dict, barrier: Any, results: Any) -> None:
-    _exit_with_parent(os.getppid())
+def _selfplay_child(job: dict, barrier: Any, results: Any, parent: int) -> None:
+    _exit_with_parent(parent)
     try:
         results.put(_selfplay_job(job, barrier))
     except BaseException as e:  # reported by the parent as one line
@@ -101,7 +101,9 @@ def _selfplay_child(job: dict, barrier: Any, results: Any) -> None:
 
 def _exit_with_parent(parent: int) -> None:
     """A measuring process ends itself when the bench that started it is gone (stopped or killed):
-    left waiting on the barrier for the others, it held the bench's stdout open for good."""
+    left waiting on the barrier for the others, it held the bench's stdout open for good.
+    ``parent`` is the pid the bench gave it, not the child's own ``getppid()``: a bench killed
+    while the child was still starting had left it an orphan whose "parent" was already init."""
     import threading
 
     def watch() -> None:
@@ -120,7 +122,8 @@ def _run_together(jobs: list[dict]) -> list[dict]:
 
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(len(jobs)), ctx.Queue()
-    processes = [ctx.Process(target=_selfplay_child, args=(job, barrier, results), daemon=True) for job in jobs]
+    processes = [ctx.Process(target=_selfplay_child, args=(job, barrier, results, os.getpid()), daemon=True)
+                 for job in jobs]
     for process in processes:
         process.start()
     out: list[dict] = []
