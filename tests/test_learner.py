@@ -460,24 +460,6 @@ def _command(pid: int) -> str:
         return "?"
 
 
-@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux's (5.3+)")
-def test_a_rank_sees_its_learner_gone_while_the_pid_still_answers():
-    """A SIGKILLed learner's pid answers kill(pid, 0) until it is reaped (and, reaped, may be
-    given to another process): the watch a rank keeps on its learner must not go by the pid."""
-    from trainer.learner import _Watched
-
-    learner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        watched = _Watched(learner.pid)
-        assert watched.alive()
-        learner.kill()
-        _wait_for(lambda: not watched.alive(), "the watch to see the SIGKILLed process gone", 30.0)
-        os.kill(learner.pid, 0)   # still answers: a zombie, not yet reaped
-    finally:
-        learner.kill()
-        learner.wait()
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from /proc (Linux)")
 def test_a_sigkilled_learner_leaves_no_rank_behind(tmp_path, one_thread):
     """The ranks (and the forkserver CPU ranks are forked from) end when their learner is

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from trainer import usable_cores
+from trainer.lifeline import end_with
 
 __all__: Sequence[str] = ["bench_selfplay", "format_selfplay_report"]
 
@@ -91,28 +92,13 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
 
 
 def _selfplay_child(job: dict, barrier: Any, results: Any, parent: int) -> None:
-    _exit_with_parent(parent)
+    # a measuring process left waiting on the barrier for the others held the bench's stdout open
+    end_with(parent)
     try:
         results.put(_selfplay_job(job, barrier))
     except BaseException as e:  # reported by the parent as one line
         barrier.abort()
         results.put({"error": f"{type(e).__name__}: {e}"})
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A measuring process ends itself when the bench that started it is gone (stopped or killed):
-    left waiting on the barrier for the others, it held the bench's stdout open for good.
-    ``parent`` is the pid the bench gave it, not the child's own ``getppid()``: a bench killed
-    while the child was still starting had left it an orphan whose "parent" was already init."""
-    import threading
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _run_together(jobs: list[dict]) -> list[dict]:

@@ -612,25 +612,24 @@ _COMMANDS = {
 
 
 def _stop_with_parent() -> None:
-    """With CYZERO_EXIT_WITH_PARENT set (the daemon sets it for its children): when the parent
-    process is gone, SIGTERM this one (a clean stop: the learner's final checkpoint, the
-    worker's last resends), and end it outright a minute later if that did not."""
-    if os.environ.get(EXIT_WITH_PARENT_ENV) != "1":
+    """With CYZERO_EXIT_WITH_PARENT set to the daemon's pid (the daemon sets it for its
+    children): once that process is gone, SIGTERM this one (a clean stop: the learner's final
+    checkpoint, the worker's last resends), and end it outright a minute later if that did not."""
+    try:
+        parent = int(os.environ.get(EXIT_WITH_PARENT_ENV, ""))
+    except ValueError:
         return
     import signal
-    import threading
     import time
 
-    parent = os.getppid()
+    from trainer.lifeline import end_with
 
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
+    def stop() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(60.0)
         os._exit(1)
 
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    end_with(parent, stop)
 
 
 def main(argv=None) -> int:

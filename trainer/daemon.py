@@ -189,7 +189,7 @@ class _Child:
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "ab") as out:  # the child holds its own descriptor
             # EXIT_WITH_PARENT_ENV: a SIGKILLed daemon leaves no worker or learner behind
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **{EXIT_WITH_PARENT_ENV: "1"})
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{EXIT_WITH_PARENT_ENV: str(os.getpid())})
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)  # the daemon orders its stop
         if self.spawned:

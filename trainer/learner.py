@@ -60,6 +60,7 @@ from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig,
     default_config, from_dict, load_config, model_differences, named_config_path, to_toml,
 )
+from trainer.lifeline import end_with
 from trainer.model import Net, NetConfig, NetOutput, build_net, deepen
 from trainer.report import list_checkpoints, pid_alive  # noqa: F401 - torch-free, so status lists them too
 
@@ -1253,54 +1254,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    """A rank ends itself when the learner that started it is gone (e.g. SIGKILLed).
-
-    A spawned rank's parent is the learner. A CPU rank's is the forkserver the learner started
-    (:func:`_start_method`), which outlives the learner while its ranks live: the rank also
-    watches the learner itself (:class:`_Watched`)."""
-    parent = os.getppid()
-    learner = _Watched(parent_pid)
-
-    def watch():
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent or not learner.alive():
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-class _Watched:
-    """One process, watched until it exits: through a pidfd where Linux has them, else by its pid.
-
-    A pid outlives its process: a SIGKILLed learner stays a zombie until it is reaped, and then its
-    pid may be taken by another process. Once it was taken by a kernel thread, and a finished CPU
-    rank, whose parent (the forkserver) lived on, waited 90 minutes for a learner long gone. A pidfd
-    names the process itself, and reads as ended as soon as it exits."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._fd: int | None = None
-        self._gone = False
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._gone = True
-        except (AttributeError, OSError):  # no pidfd here (not Linux 5.3+): the pid it is
-            pass
-
-    def alive(self) -> bool:
-        if self._gone:
-            return False
-        if self._fd is not None:
-            import select
-
-            self._gone = bool(select.select([self._fd], [], [], 0)[0])
-            return not self._gone
-        return pid_alive(self.pid) is not False  # unknown counts as alive, as another user's process does
-
-
 #: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls
 #: in), done once in the forkserver its ranks are forked from rather than again in each rank:
 #: about 5 s of CPU a rank on a small machine.
@@ -1438,7 +1391,9 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
         os.environ.clear()
         os.environ.update(launch.environ)
     if launch.parent_pid is not None:
-        _exit_with_parent(launch.parent_pid)
+        # the learner, not getppid(): a CPU rank's parent is the forkserver, which outlives the
+        # learner while its ranks live
+        end_with(launch.parent_pid)
     # The parent passes SIGINT and SIGTERM on as one SIGTERM (a Ctrl-C reaches every process);
     # the forkserver's ignored SIGTERM (_start_forkserver_deaf_to_sigterm) is not the rank's.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
