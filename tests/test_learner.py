@@ -204,6 +204,9 @@ def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
                 half = synthetic_batch(16, seed=10 * step + rank)
                 train_step(model, opt, [half], LossConfig(), clip_grad_norm=CLIP[kind])
             torch.save(dict(net.named_parameters()), os.path.join(out_dir, f"{kind}{rank}.pt"))
+        # as the learner does: a rank that tore the group down while the other's gloo threads
+        # still read from it once aborted that rank ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
