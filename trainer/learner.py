@@ -62,7 +62,7 @@ from trainer.config import (
 )
 from trainer.lifeline import end_with
 from trainer.model import Net, NetConfig, NetOutput, build_net, deepen
-from trainer.report import list_checkpoints, pid_alive  # noqa: F401 - torch-free, so status lists them too
+from trainer.report import list_checkpoints  # torch-free, so status lists them too
 
 __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "check_cuda", "net_config", "model_section", "compute_losses",
