@@ -65,17 +65,31 @@ restart_backoff_s = 0.5
 """
 
 
-def wait_for(predicate, what: str, timeout: float = 120.0, daemon=None):
+def wait_for(predicate, what: str, timeout: float = 120.0, daemon=None, run: str | None = None):
+    """Polls `predicate` until it is truthy; a failure carries the tails of the run's logs (`run`),
+    so that a CI failure says what the daemon, learner and workers were doing."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if daemon is not None and daemon.poll() is not None:
-            raise AssertionError(f"the daemon exited with {daemon.returncode} while waiting for {what}")
+            raise AssertionError(f"the daemon exited with {daemon.returncode} while waiting for {what}"
+                                 + log_tails(run))
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + log_tails(run))
         time.sleep(0.2)
+
+
+def log_tails(run: str | None, chars: int = 2500) -> str:
+    if run is None:
+        return ""
+    logs = os.path.join(run, "logs")
+    text = ""
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        with open(os.path.join(logs, name), errors="replace") as f:
+            text += f"\n--- {name} (last {chars} chars) ---\n" + f.read()[-chars:]
+    return text
 
 
 def read_json(path: str):
@@ -134,7 +148,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
     daemon = start_daemon(run, log_path, config, *SIMULATED_GPU)
     engine = None
     try:
-        info = wait_for(lambda: read_json(os.path.join(run, "daemon.json")), "daemon.json", daemon=daemon)
+        info = wait_for(lambda: read_json(os.path.join(run, "daemon.json")), "daemon.json", daemon=daemon, run=run)
         engine = UciEngine()
         engine.setoption("TrainerEndpoint", info["publish"])
 
@@ -156,7 +170,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
 
         # The worker plays on the simulated cuda:0 at fixed sizes; status shows how cuda:0 is used.
         wait_for(lambda: max(played_generations(run), default=0) >= 1,
-                 "games of a trained generation from the cuda:0 worker in the store", daemon=daemon)
+                 "games of a trained generation from the cuda:0 worker in the store", daemon=daemon, run=run)
         split = read_json(os.path.join(run, "workers.json"))["devices"]
         assert split["cuda:0"] == {"selfplay_workers": 1, "games_per_worker": 4, "network_max_batch": 256,
                                    "learner_ranks": 0}, split
@@ -177,19 +191,20 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
             row = next((w for w in now["workers"] if w["id"] == victim["id"]), None)
             return row is not None and row["restarts"] >= 1 and row["alive"] and row["pid"] != victim["pid"]
 
-        wait_for(restarted, f"worker {victim['id']} restarted", daemon=daemon)
+        wait_for(restarted, f"worker {victim['id']} restarted", daemon=daemon, run=run)
 
         # SIGKILL the learner: it is restarted and resumes at its last checkpoint.
         learner = wait_for(lambda: (read_json(os.path.join(run, "workers.json")) or {}).get("learner"),
-                           "the learner in workers.json", daemon=daemon)
+                           "the learner in workers.json", daemon=daemon, run=run)
         assert learner["alive"] and learner["restarts"] == 0
         os.kill(learner["pid"], signal.SIGKILL)
         learner_log = os.path.join(run, "logs", "learner.log")
         starts = open(learner_log).read().count("resuming at step")
         wait_for(lambda: open(learner_log).read().count("resuming at step") > starts, "the learner resuming",
-                 daemon=daemon)
+                 daemon=daemon, run=run)
         before = max(published(run))
-        wait_for(lambda: max(published(run)) > before, "a generation after the learner's restart", daemon=daemon)
+        wait_for(lambda: max(published(run)) > before, "a generation after the learner's restart",
+                 daemon=daemon, run=run)
         stop_daemon(daemon, log_path)
 
         ids = stored_game_ids(run)
@@ -205,7 +220,7 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
         checkpoint_steps = sorted(int(n[5:-3]) for n in os.listdir(os.path.join(run, "checkpoints"))
                                   if re.fullmatch(r"step-\d+\.pt", n))
         daemon = start_daemon(run, log_path, None, *SIMULATED_GPU)
-        wait_for(lambda: max(published(run)) > last, "a new generation after the restart", daemon=daemon)
+        wait_for(lambda: max(published(run)) > last, "a new generation after the restart", daemon=daemon, run=run)
         text = open(learner_log).read()
         assert f"resuming at step {checkpoint_steps[-1]:,}" in text
         stop_daemon(daemon, log_path)
@@ -235,7 +250,7 @@ def test_a_run_on_the_gpu_plays_on_cuda_and_learns_with_nccl(tmp_path):
     daemon = start_daemon(run, log_path, config, "--devices", "cuda:0", "--workers-per-device", "1",
                           "--learner-devices", "cuda:0")
     try:
-        wait_for(lambda: published(run) and max(published(run)) >= 2, "two trained generations", daemon=daemon)
+        wait_for(lambda: published(run) and max(published(run)) >= 2, "two trained generations", daemon=daemon, run=run)
         workers = read_json(os.path.join(run, "workers.json"))
         assert any(w["devices"] == ["cuda:0"] and w["games"] > 0 for w in workers["workers"]), workers
         stop_daemon(daemon, log_path)
