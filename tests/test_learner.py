@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,8 +31,8 @@ from engine.board import Board
 from engine.encoding import PLANES, POLICY_SIZE
 from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, load_config, to_toml
 from trainer.learner import (
-    EXIT_HOOK_ENV, WeightAverager, checkpoint_path, compute_losses, evaluate, learn, list_checkpoints, lr_at,
-    make_optimizer, policy_cross_entropy, train_step,
+    EXIT_HOOK_ENV, WeightAverager, checkpoint_path, compute_losses, evaluate, join_group, learn, list_checkpoints,
+    lr_at, make_optimizer, policy_cross_entropy, rendezvous_store, train_step,
 )
 from trainer.model import NetConfig, NetOutput, build_net
 from trainer.records import RECORD_DTYPE, Eval, make_record
@@ -179,12 +178,6 @@ def test_ema_and_swa_follow_their_formulas():
 # --------------------------------------------------------------------------- the DDP step
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 KINDS = ("sgd", "adamw")
 CLIP = {"sgd": 0.0, "adamw": 1.0}  # SGD unclipped: clipping and Adam would hide a wrong gradient scale
 
@@ -194,7 +187,7 @@ def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    join_group("gloo", rank, 2, port)
     try:
         for kind in KINDS:
             net = build_net("2x16", seed=1)
@@ -211,10 +204,31 @@ def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def test_the_ranks_store_holds_its_port_from_the_start():
+    """The spawned ranks' rendezvous port is bound by their parent before they are named it: no
+    other process can take it in between (a port found free and bound later by rank 0 could be);
+    and it listens on loopback only."""
+    import socket
+
+    store = rendezvous_store(2, timeout_s=5.0)
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", store.port))
+    listening = []  # (local address, port) of the sockets listening on the store's port, from Linux's tables
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, port = local.split(":")
+                if state == "0A" and int(port, 16) == store.port:
+                    listening.append(address)
+    assert listening == ["0100007F"], listening  # 127.0.0.1 alone, not 0.0.0.0 or ::
+
+
 def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path, one_thread):
     """BatchNorm normalises each rank's half on its own, so the exact single-process equivalent
     is gradient accumulation over the same two halves; weights must agree to float rounding."""
-    mp.spawn(_ddp_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    store = rendezvous_store(2)
+    mp.spawn(_ddp_rank, args=(store.port, str(tmp_path)), nprocs=2, join=True)
     for kind in KINDS:
         net = build_net("2x16", seed=1)
         opt = make_optimizer(net, OptimizerConfig(kind=kind, lr=0.05))

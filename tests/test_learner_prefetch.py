@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 
 import numpy as np
 import pytest
@@ -17,7 +16,9 @@ import torch
 import torch.multiprocessing as mp
 
 from trainer.config import CONFIG_FILE, load_config
-from trainer.learner import DeviceFeed, _Launch, _Learner, _StopVote, checkpoint_path, learn, pinned_transfer
+from trainer.learner import (
+    DeviceFeed, _Launch, _Learner, _StopVote, checkpoint_path, join_group, learn, pinned_transfer, rendezvous_store,
+)
 from trainer.records import decode_records, read_chunk
 from trainer.replay import (
     Batch, ReplayLoader, ReplaySampler, ReplayStore, WindowConfig, _pack, _unpack,
@@ -154,12 +155,6 @@ def test_runs_are_identical_with_or_without_loader_workers_and_across_a_resume(t
 # --------------------------------------------------------------------------- the stop vote
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 CALLS = 6
 ASKED_AT = 2  # rank 1 is asked to stop before its call number 2 (0-based)
 
@@ -168,7 +163,7 @@ def _vote_rank(rank: int, port: int, answers) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    join_group("gloo", rank, 2, port)
     try:
         for lagged in (False, True):
             vote = _StopVote(torch.device("cpu"), lagged=lagged)
@@ -185,7 +180,8 @@ def test_every_rank_reads_the_same_stop_vote_at_the_same_call():
     """At once on the CPU; on CUDA (lagged) one call later, so the host never waits for the step
     it has just queued; all ranks agree either way, and ``now`` answers at once."""
     answers = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_vote_rank, args=(_free_port(), answers), nprocs=2, join=True)
+    store = rendezvous_store(2)
+    mp.spawn(_vote_rank, args=(store.port, answers), nprocs=2, join=True)
     got: dict = {}
     while not answers.empty():
         rank, lagged, kind, values = answers.get()
@@ -234,7 +230,7 @@ def test_the_cuda_stop_vote_answers_one_call_later_or_at_once(tmp_path):
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         vote = _StopVote(device, lagged=True)
         assert vote.host.is_pinned()

@@ -69,7 +69,7 @@ __all__: Sequence[str] = [
     "policy_cross_entropy", "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path",
     "network_path", "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
     "GENERATIONS_FILE", "TENSORBOARD_DIR", "PROGRESS_FILE", "initialize_run", "newest_generation", "configure_device",
-    "pinned_transfer", "DeviceFeed",
+    "pinned_transfer", "DeviceFeed", "rendezvous_store", "join_group",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -587,7 +587,9 @@ class _Launch:
     follow: bool
     progress: bool
     checkpoint: str | None
-    init_method: str | None = None  # tcp://127.0.0.1:PORT when spawned; env:// under torchrun
+    init_method: str | None = None  # env:// under torchrun
+    # Spawned ranks: the port of the rendezvous store the learner holds open (rendezvous_store)
+    store_port: int | None = None
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
     report: bool = True  # metrics, TensorBoard and the progress bar (rank 0)
@@ -1248,10 +1250,30 @@ class _Reporter:
 # --------------------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(world: int, timeout_s: float = 60.0) -> dist.TCPStore:
+    """The store that spawned ranks meet at (:func:`join_group`), held by their parent on a port
+    the system picked, and bound while the ranks live. A port found free and named to the ranks
+    to bind later was a race: any process could take it in between (the suite runs many learners
+    at once), and a rank could then meet another run's ranks. The parent binds the socket itself,
+    on loopback: a store left to bind its own listens on every interface."""
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], world, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the descriptor now, and closes it
+    return store
+
+
+def join_group(backend: str, rank: int, world: int, store_port: int, timeout_s: float = 60.0) -> None:
+    """Rank ``rank`` joins the process group at the parent's :func:`rendezvous_store`."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 #: What a CPU rank imports before it can train (torch, and the torch._dynamo its optimizer pulls
@@ -1304,9 +1326,12 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
         if world > 1:  # the ranks share the cores (or OMP_NUM_THREADS, torch's default, if set)
             torch.set_num_threads(max(1, torch.get_num_threads() // world))
     if world > 1:
-        dist.init_process_group(
-            "nccl" if launch.kind == "cuda" else "gloo", init_method=launch.init_method, rank=rank,
-            world_size=world, timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
+        backend = "nccl" if launch.kind == "cuda" else "gloo"
+        if launch.store_port is not None:
+            join_group(backend, rank, world, launch.store_port, cfg.train.dist_timeout_s)
+        else:
+            dist.init_process_group(backend, init_method=launch.init_method, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
     try:
         learner = _Learner(launch, rank, world, device, log)
         with _stop_on_signals(learner.stop_requested, stop_signals):
@@ -1644,8 +1669,8 @@ def learn(
                              end_process=world > 1)
         if world == 1:
             return _run_rank(0, 1, 0, launch, log)
-        launch = dataclasses.replace(launch, init_method=f"tcp://127.0.0.1:{_free_port()}", parent_pid=os.getpid(),
-                                     environ=dict(os.environ))
+        store = rendezvous_store(world, config.train.dist_timeout_s)  # held until this function returns
+        launch = dataclasses.replace(launch, store_port=store.port, parent_pid=os.getpid(), environ=dict(os.environ))
         import torch.multiprocessing as mp
 
         method = _start_method(parsed.kind)
