@@ -213,7 +213,7 @@ def test_the_ranks_store_holds_its_port_from_the_start():
     store = rendezvous_store(2, timeout_s=5.0)
     with socket.socket() as other, pytest.raises(OSError):
         other.bind(("127.0.0.1", store.port))
-    listening = []  # (local address, port) of the sockets listening on the store's port, from Linux's tables
+    listening = []  # the local addresses listening on the store's port, from Linux's tables
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for line in f.readlines()[1:]:

@@ -587,8 +587,8 @@ class _Launch:
     follow: bool
     progress: bool
     checkpoint: str | None
-    init_method: str | None = None  # env:// under torchrun
-    # Spawned ranks: the port of the rendezvous store the learner holds open (rendezvous_store)
+    # Spawned ranks: the port of the rendezvous store the learner holds open (rendezvous_store);
+    # None under torchrun, whose environment names the rendezvous (env://)
     store_port: int | None = None
     device_ids: tuple[int, ...] = ()
     parent_pid: int | None = None
@@ -1330,7 +1330,7 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
         if launch.store_port is not None:
             join_group(backend, rank, world, launch.store_port, cfg.train.dist_timeout_s)
         else:
-            dist.init_process_group(backend, init_method=launch.init_method, rank=rank, world_size=world,
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
     try:
         learner = _Learner(launch, rank, world, device, log)
@@ -1665,8 +1665,7 @@ def learn(
         launch = _Launch(run_dir=run_dir, config=config.to_dict(), kind=parsed.kind, steps=steps,
                          follow=follow, progress=progress, checkpoint=checkpoint, device_ids=parsed.ids)
         if torchrun:
-            return _run_rank(rank, world, local, dataclasses.replace(launch, init_method="env://"), log,
-                             end_process=world > 1)
+            return _run_rank(rank, world, local, launch, log, end_process=world > 1)
         if world == 1:
             return _run_rank(0, 1, 0, launch, log)
         store = rendezvous_store(world, config.train.dist_timeout_s)  # held until this function returns
