@@ -538,6 +538,44 @@ def test_few_open_maps_and_transient_errors(tmp_path, monkeypatch):
     assert store.bad_chunks() == {}
 
 
+def test_a_disk_near_full_gets_no_more_cache_and_the_batches_stay_the_same(tmp_path, monkeypatch, caplog):
+    store = ReplayStore(tmp_path)
+    _fill(store, [10] * 6)
+    window = WindowConfig(floor=1000, **NO_VAL)
+    with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
+        expected = [_ids(next(loader)) for _ in range(4)]
+    cached = sorted(os.listdir(store.cache_dir))
+    assert len(cached) == 6
+    for file in cached:
+        os.unlink(store.cache_dir / file)
+    # 5% of the disk free, under the reserve: nothing is cached, the chunks are read as they are,
+    # at most 2 kept in memory, and the learner's log says why it is slower, once.
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(replay.shutil, "disk_usage", lambda path: usage(100 << 30, 95 << 30, 5 << 30))
+    monkeypatch.setattr(replay, "_MAX_LOOSE_BYTES", 2 * 10 * replay.RECORD_BYTES)
+    readers = []
+
+    class Reader(replay._BatchReader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            readers.append(self)
+
+    monkeypatch.setattr(replay, "_BatchReader", Reader)
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
+            for e in expected:
+                assert np.array_equal(e, _ids(next(loader)))
+                assert len(readers[0]._open) <= 2 and readers[0]._loose_bytes <= 2 * 10 * replay.RECORD_BYTES
+    assert os.listdir(store.cache_dir) == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "5.4 GB free" in lines[0] and "too little to cache" in lines[0]
+    # 20% free: the cache fills again.
+    monkeypatch.setattr(replay.shutil, "disk_usage", lambda path: usage(100 << 30, 80 << 30, 20 << 30))
+    with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
+        assert all(np.array_equal(e, _ids(next(loader))) for e in expected)
+    assert sorted(os.listdir(store.cache_dir)) == cached
+
+
 def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
     store = ReplayStore(tmp_path)
     store.append_games([_game([1, 2]), _game([3])], generation=2, source="selfplay", game_ids=["a1", "b2"])

@@ -49,6 +49,7 @@ import os
 import signal
 import re
 import secrets
+import shutil
 import tarfile
 import threading
 import time
@@ -106,6 +107,12 @@ _SOURCE = re.compile(r"[A-Za-z0-9_]+")
 _MAX_REDRAWS = 64
 # Memory maps a loader worker keeps open (each holds a file descriptor).
 _MAX_OPEN_CHUNKS = 256
+# Decompressed chunks a loader worker keeps in memory when the disk has no room to cache them.
+_MAX_LOOSE_BYTES = 1 << 30
+# The cache (about 8 KB a position, derived) never takes the disk below this share of its size or
+# this many bytes, whichever is more: checkpoints, chunks and the manifest need the room more.
+_CACHE_RESERVE_SHARE = 0.1
+_CACHE_RESERVE_BYTES = 2 << 30
 # Age after which prune removes what a killed process left (temp files, chunks never listed).
 _STALE_S = 3600.0
 # One lc0 game is at most a few MB of records; more is not a game (or a gzip bomb).
@@ -370,6 +377,14 @@ class ReplayStore:
                     continue
                 found[file[:-4] + ".gz"] = reason
         return found
+
+
+def _cache_room(cache_dir: Path, nbytes: int) -> int | None:
+    """None when ``nbytes`` more of cache leave the disk its reserve (``_CACHE_RESERVE_*``); else the
+    bytes free now. The cache is derived, so a loader without room reads the chunks themselves."""
+    usage = shutil.disk_usage(cache_dir)
+    reserve = max(_CACHE_RESERVE_BYTES, int(usage.total * _CACHE_RESERVE_SHARE))
+    return None if usage.free - nbytes >= reserve else usage.free
 
 
 def _cache_paths(cache_dir: Path, name: str) -> tuple[Path, Path]:
@@ -709,12 +724,15 @@ class _BatchReader(Dataset):
         self.window = window
         self.rank, self.world = rank, world
         self._open: OrderedDict[int, np.ndarray] = OrderedDict()   # least recently used first
+        self._loose_bytes = 0   # of the arrays in _open that are in memory, not mapped
         self._bad: set[int] = set()
         self._found: list[str] = []
+        self._warned_full = False
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_open"] = OrderedDict()
+        state["_loose_bytes"] = 0
         state["_found"] = []
         return state
 
@@ -740,6 +758,14 @@ class _BatchReader(Dataset):
             if _mark_bad(bad, reason):
                 self._found.append(reason)
             return None
+        free = _cache_room(self.cache_dir, records.nbytes)
+        if free is not None:
+            if not self._warned_full:   # the learner logs it, as it logs unreadable chunks
+                self._warned_full = True
+                self._found.append(f"replay cache: {free / 1e9:.1f} GB free on {self.cache_dir}, too little to "
+                                   "cache more chunks; reading them from their gzip files, which is slower "
+                                   "(free space or move the run)")
+            return records
         try:
             with atomic_open(cache, "wb") as f:
                 f.write(records.tobytes())
@@ -760,8 +786,13 @@ class _BatchReader(Dataset):
             self._bad.add(i)
             return None
         self._open[i] = data
-        if len(self._open) > _MAX_OPEN_CHUNKS:   # each map holds a file descriptor
-            self._open.popitem(last=False)
+        if not isinstance(data, np.memmap):
+            self._loose_bytes += data.nbytes
+        # each map holds a file descriptor; each loose chunk, about 33 MB of memory
+        while len(self._open) > _MAX_OPEN_CHUNKS or (self._loose_bytes > _MAX_LOOSE_BYTES and len(self._open) > 1):
+            _, old = self._open.popitem(last=False)
+            if not isinstance(old, np.memmap):
+                self._loose_bytes -= old.nbytes
         return data
 
     def __getitem__(self, batch: int) -> tuple[int, torch.Tensor, list[str]]:
