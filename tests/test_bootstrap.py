@@ -5,9 +5,14 @@ Board (planes from engine.encoding.encode_board, the legal mask, the played move
 """
 
 import gzip
+import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -112,6 +117,36 @@ def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_pat
     np.testing.assert_array_equal(_records(run, "teacher")[:40], records)   # nothing rewritten
     third = bootstrap_teacher(run, positions=50, seed=1, **kw)
     assert (third.added, third.positions) == (0, 60)
+
+
+@needs_stockfish
+def test_sigterm_stops_the_labelling_cleanly_and_keeps_every_finished_game(tmp_path):
+    """A SIGTERM to the labelling's process group (`timeout`, a service manager; Ctrl-C sends SIGINT
+    the same way) ends the run cleanly: the finished games are committed, the summary says it
+    stopped, no teacher is reported dead, nothing is left for the resource tracker to clean up."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli", "bootstrap", str(run), "--teacher", STOCKFISH,
+         "--positions", "1000000", "--workers", "2", "--depth", "2", "--max-plies", "40", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "bootstrap" / "teacher.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(4.0)   # some games finish, none committed yet (a chunk is 4,096 positions or 60 s)
+        os.killpg(proc.pid, signal.SIGTERM)   # the whole group, as `timeout` and systemd do
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped=True" in out and "Traceback" not in err and "leaked" not in err
+    summary = dict(re.findall(r"\b(positions|added)=(\d+)", out))
+    kept = sum(e.positions for e in _store(run).entries())
+    assert int(summary["added"]) == int(summary["positions"]) == kept
+    assert json.loads((run / "bootstrap" / "teacher.json").read_text())["positions"] == kept
+    if kept:
+        for game in _split_games(_records(str(run), "teacher")):
+            _replay_and_check(game)
 
 
 def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):

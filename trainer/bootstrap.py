@@ -113,6 +113,7 @@ import multiprocessing
 import os
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -184,6 +185,7 @@ class TeacherSummary:
     terminations: dict[str, int]   # how those games ended: python-chess's Termination names
                                    # ("checkmate", "threefold_repetition", ...), "syzygy", "max_plies"
     seconds: float
+    stopped: bool = False    # asked to stop (SIGTERM, Ctrl-C) before reaching ``positions``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +273,11 @@ class _Teacher:
         self.command = list(command)
         self.name = shlex.join(self.command)
         try:
-            self.engine = chess.engine.SimpleEngine.popen_uci(self.command, timeout=_START_TIMEOUT_S)
+            # its own session: a Ctrl-C or a SIGTERM to the labelling's process group stops the
+            # labelling cleanly (stop_on_signals) instead of killing the teachers mid-game; one
+            # whose worker is gone ends at the end of its input
+            self.engine = chess.engine.SimpleEngine.popen_uci(self.command, timeout=_START_TIMEOUT_S,
+                                                              start_new_session=True)
         except (OSError, ValueError) as exc:
             raise TeacherError(f"cannot start teacher {self.name}: {exc}") from None
         except (chess.engine.EngineError, chess.engine.EngineTerminatedError, TimeoutError) as exc:
@@ -424,6 +430,10 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
     """A worker process: plays and labels games until ``stop``; sends each as (JSON header, record bytes)."""
     teacher = None
     tablebase = None
+    # The parent stops the workers (``stop``) after a Ctrl-C or a SIGTERM to the process group:
+    # a worker killed by it mid-send would look like a teacher that died.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         teacher = _Teacher(command, hash_mb=hash_mb, syzygy=settings.syzygy)
         if settings.syzygy:
@@ -471,13 +481,16 @@ def bootstrap_teacher(
     positions_per_chunk: int = DEFAULT_POSITIONS_PER_CHUNK,
     commit_seconds: float = DEFAULT_COMMIT_SECONDS,
     progress: bool = True,
+    stop: threading.Event | None = None,
 ) -> TeacherSummary:
     """Fill the run's store up to ``positions`` teacher-labelled positions (see the module docstring).
 
     ``teacher`` is the engine's command line (default: :func:`default_teacher`);
     ``workers`` teacher processes run at once (default: one per CPU).  Raises
     :class:`TeacherError` naming the command when the teacher cannot be started
-    or dies; games committed before that stay in the store.
+    or dies; games committed before that stay in the store.  ``stop`` set (within a second;
+    :func:`stop_on_signals`): every finished game is committed and the summary says so; the
+    games still being played are lost.
     """
     command = list(teacher) if teacher else default_teacher()
     workers = usable_cores() if workers is None else workers
@@ -502,7 +515,7 @@ def bootstrap_teacher(
             probe.close()
         need = positions - done
         ctx = multiprocessing.get_context("spawn")
-        stop = ctx.Event()
+        workers_stop = ctx.Event()
         procs: list[Any] = []
         conns: dict[Connection, int] = {}
         added = games = 0
@@ -512,7 +525,7 @@ def bootstrap_teacher(
             for k in range(min(workers, need)):
                 recv, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_teacher_worker, name=f"cyzero-teacher-{k}", daemon=True,
-                                   args=(send, command, hash_mb, settings, [seed, done, k], stop))
+                                   args=(send, command, hash_mb, settings, [seed, done, k], workers_stop))
                 proc.start()
                 send.close()
                 procs.append(proc)
@@ -520,7 +533,7 @@ def bootstrap_teacher(
             with store.writer(generation=0, source=TEACHER_SOURCE,
                               positions_per_chunk=positions_per_chunk) as writer:
                 last_commit = time.monotonic()
-                while added < need:
+                while added < need and not (stop is not None and stop.is_set()):
                     for conn in cast(list[Connection], wait(list(conns), timeout=1.0)):
                         header, records = _receive_game(conn, procs[conns[conn]], command)
                         take = min(len(records), need - added)
@@ -539,10 +552,30 @@ def bootstrap_teacher(
                         last_commit = _committed(progress_path, done + added, writer)
             _committed(progress_path, done + added, writer)
         finally:
-            stop.set()
+            workers_stop.set()
             bar.close()
             _stop_workers(procs, list(conns))
-    return TeacherSummary(name, done + added, added, games, terminations, time.monotonic() - started)
+    return TeacherSummary(name, done + added, added, games, terminations, time.monotonic() - started,
+                          stopped=added < need)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets, for a clean stop (:func:`bootstrap_teacher`'s ``stop``);
+    a second signal, once the first is set, interrupts at once (KeyboardInterrupt). Main thread only."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def _read_teacher_state(path: str) -> int:

@@ -488,9 +488,10 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                                                  "opening_plies", "max_plies") if getattr(args, k) is not None}
         try:
             teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
-            summary = bootstrap.bootstrap_teacher(
-                args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
-                seed=args.seed, progress=not args.no_progress, **options)
+            with bootstrap.stop_on_signals() as stop:
+                summary = bootstrap.bootstrap_teacher(
+                    args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
+                    seed=args.seed, progress=not args.no_progress, stop=stop, **options)
         except RuntimeError as exc:  # TeacherError, or another bootstrap holding the run
             print(f"cyzero-train bootstrap: error: {exc}", file=sys.stderr)
             return 1
