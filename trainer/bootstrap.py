@@ -494,6 +494,7 @@ def bootstrap_teacher(
     """
     command = list(teacher) if teacher else default_teacher()
     workers = usable_cores() if workers is None else workers
+    stop = threading.Event() if stop is None else stop
     _check_teacher_args(positions=positions, workers=workers, depth=depth, multipv=multipv,
                         temperature=temperature, random_move_share=random_move_share,
                         opening_plies=opening_plies, max_plies=max_plies, syzygy=syzygy,
@@ -533,7 +534,7 @@ def bootstrap_teacher(
             with store.writer(generation=0, source=TEACHER_SOURCE,
                               positions_per_chunk=positions_per_chunk) as writer:
                 last_commit = time.monotonic()
-                while added < need and not (stop is not None and stop.is_set()):
+                while added < need and not stop.is_set():
                     for conn in cast(list[Connection], wait(list(conns), timeout=1.0)):
                         header, records = _receive_game(conn, procs[conns[conn]], command)
                         take = min(len(records), need - added)
