@@ -554,14 +554,14 @@ def test_a_stop_signal_delivered_twice_is_one_stop_and_a_later_one_interrupts(mo
     """`timeout` and systemd signal the whole process group: the spawning parent gets SIGTERM
     twice, and each rank gets the group's and then the parent's forward. That is one stop
     after the step; only a signal REPEATED_SIGNAL_S or more after the first interrupts at once."""
-    from trainer import learner
+    from trainer import learner, stop_signals
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are installed only in the main thread")
-    monkeypatch.setattr(learner, "REPEATED_SIGNAL_S", 0.3)
+    monkeypatch.setattr(stop_signals, "REPEATED_SIGNAL_S", 0.3)
     before = signal.getsignal(signal.SIGTERM)
     stop = threading.Event()
-    context = (learner._stop_on_signals(stop, (signal.SIGTERM,)) if which == "rank"
+    context = (stop_signals.stop_on_signals(stop, (signal.SIGTERM,)) if which == "rank"
                else learner._forward_stop([]))
 
     def deliver() -> None:

@@ -274,7 +274,7 @@ class _Teacher:
         self.name = shlex.join(self.command)
         try:
             # its own session: a Ctrl-C or a SIGTERM to the labelling's process group stops the
-            # labelling cleanly (stop_on_signals) instead of killing the teachers mid-game; one
+            # labelling cleanly (trainer.stop_signals) instead of killing the teachers mid-game; one
             # whose worker is gone ends at the end of its input
             self.engine = chess.engine.SimpleEngine.popen_uci(self.command, timeout=_START_TIMEOUT_S,
                                                               start_new_session=True)
@@ -489,7 +489,7 @@ def bootstrap_teacher(
     ``workers`` teacher processes run at once (default: one per CPU).  Raises
     :class:`TeacherError` naming the command when the teacher cannot be started
     or dies; games committed before that stay in the store.  ``stop`` set (within a second;
-    :func:`stop_on_signals`): every finished game is committed and the summary says so; the
+    :func:`trainer.stop_signals.stop_on_signals`): every finished game is committed and the summary says so; the
     games still being played are lost.
     """
     command = list(teacher) if teacher else default_teacher()
@@ -558,25 +558,6 @@ def bootstrap_teacher(
             _stop_workers(procs, list(conns))
     return TeacherSummary(name, done + added, added, games, terminations, time.monotonic() - started,
                           stopped=added < need)
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[threading.Event]:
-    """An event that SIGINT or SIGTERM sets, for a clean stop (:func:`bootstrap_teacher`'s ``stop``);
-    a second signal, once the first is set, interrupts at once (KeyboardInterrupt). Main thread only."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
 
 
 def _read_teacher_state(path: str) -> int:

@@ -478,8 +478,10 @@ def learn_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import shlex
+    import threading
 
     from trainer import bootstrap
+    from trainer.stop_signals import stop_on_signals
 
     if args.teacher is not None:
         if args.positions is None or args.positions < 1:
@@ -488,7 +490,8 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                                                  "opening_plies", "max_plies") if getattr(args, k) is not None}
         try:
             teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
-            with bootstrap.stop_on_signals() as stop:
+            stop = threading.Event()
+            with stop_on_signals(stop):
                 summary = bootstrap.bootstrap_teacher(
                     args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
                     seed=args.seed, progress=not args.no_progress, stop=stop, **options)

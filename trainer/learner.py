@@ -63,6 +63,7 @@ from trainer.config import (
 from trainer.lifeline import end_with
 from trainer.model import Net, NetConfig, NetOutput, build_net, deepen
 from trainer.report import list_checkpoints  # torch-free, so status lists them too
+from trainer.stop_signals import StopSignals, stop_on_signals
 
 __all__: Sequence[str] = [
     "learn", "Devices", "parse_devices", "check_cuda", "net_config", "model_section", "compute_losses",
@@ -1334,7 +1335,7 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
                                     timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
     try:
         learner = _Learner(launch, rank, world, device, log)
-        with _stop_on_signals(learner.stop_requested, stop_signals):
+        with stop_on_signals(learner.stop_requested, stop_signals):
             code = learner.run()
     finally:
         if world > 1:
@@ -1360,52 +1361,6 @@ def _end_rank_process(code: int) -> None:
     os._exit(code or 0)
 
 
-#: A stop signal this soon after the first is the same stop delivered twice: a signal to the
-#: whole process group (``timeout``, ``kill -- -PGID``, systemd) reaches the spawning parent
-#: twice from ``timeout`` and a spawned rank twice (the group's and the parent's forward).
-REPEATED_SIGNAL_S = 1.0
-
-
-class _StopSignals:
-    """The stop signals a process has had: the first asks for a stop after the step; another,
-    :data:`REPEATED_SIGNAL_S` or more later, for a stop at once."""
-
-    def __init__(self) -> None:
-        self.first: float | None = None
-
-    def is_first(self) -> bool:
-        """Whether this signal is the first; raises KeyboardInterrupt if it is a later, second stop."""
-        now = time.monotonic()
-        if self.first is None:
-            self.first = now
-            return True
-        if now - self.first >= REPEATED_SIGNAL_S:
-            raise KeyboardInterrupt
-        return False
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...]):
-    """``signals`` ask the rank to stop after its step (with a final checkpoint) instead of
-    killing it; a second one stops it at once (:class:`_StopSignals`). Only in the main
-    thread (a test may call :func:`learn` from another)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals_seen = _StopSignals()
-
-    def handler(signum, frame):
-        signals_seen.is_first()
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
-
-
 def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
     """``spawn``'s entry: rank ``local`` of ``world``; its log lines go to the parent through
     ``lines`` (a queue); a non-zero return becomes the exit code. A rank that dies by a signal
@@ -1429,12 +1384,12 @@ def _spawned(local: int, world: int, launch: _Launch, lines) -> None:
 @contextlib.contextmanager
 def _forward_stop(processes: Sequence):
     """The spawning parent's SIGTERM or SIGINT becomes one SIGTERM to each rank (which stop
-    together after a step, with a checkpoint); a second signal (:class:`_StopSignals`)
+    together after a step, with a checkpoint); a second signal (:class:`~trainer.stop_signals.StopSignals`)
     interrupts the parent, whose ``spawn`` context then kills the ranks."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals_seen = _StopSignals()
+    signals_seen = StopSignals()
 
     def handler(signum, frame):
         if not signals_seen.is_first():
