@@ -120,6 +120,46 @@ def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_pat
 
 
 @needs_stockfish
+def test_a_student_network_plays_one_side_of_each_game_and_the_teacher_labels_it(tmp_path):
+    """With --student the student plays one side with its raw policy's first choice (checked against
+    ONNX Runtime run on the file directly) and the teacher the other; every position keeps the
+    teacher's label; a student that cannot be loaded is a clear error before anything is written."""
+    import onnxruntime as ort
+
+    from engine.weights import default_weights_path
+
+    net = default_weights_path()
+    session = ort.InferenceSession(net, providers=["CPUExecutionProvider"])
+    run = str(tmp_path / "run")
+    summary = bootstrap_teacher(run, teacher=[STOCKFISH], workers=1, depth=3, max_plies=40,
+                                opening_plies=4, random_move_share=0.0, positions=120, seed=3,
+                                student=net, progress=False)
+    assert summary.added == 120
+    games = _split_games(_records(run, "teacher"))
+    differ = 0
+    for game in games:
+        _replay_and_check(game)
+        board = Board()
+        sides = {True: [], False: []}   # per side to move: (played is the student's choice, is the teacher's)
+        for i, record in enumerate(game):
+            if i >= 4:                   # past the random opening plies
+                logits = session.run(["/output/policy"], {"/input/planes": encode_board(board)[None]})[0][0]
+                student = int(np.argmax(np.where(legal_mask(board), logits, -np.inf)))
+                played = int(record["played_idx"])
+                sides[i % 2 == 0].append((played == student, played == int(record["best_idx"])))
+                differ += student != int(record["best_idx"])
+            board.push_uci({move_to_index(board, m): m for m in board.legal_moves()}[int(record["played_idx"])])
+        assert any(all(s for s, _ in sides[side]) and all(t for _, t in sides[not side])
+                   for side in (True, False)), "one side must play the student's moves, the other the teacher's"
+    assert differ > 0, "the student never disagreed with the teacher: the test proves nothing"
+
+    with pytest.raises(TeacherError, match="student network"):
+        bootstrap_teacher(str(tmp_path / "bad"), teacher=[STOCKFISH], workers=1, depth=1, positions=10,
+                          student=str(tmp_path / "missing.onnx"), progress=False)
+    assert not _store(str(tmp_path / "bad")).entries()
+
+
+@needs_stockfish
 def test_sigterm_stops_the_labelling_cleanly_and_keeps_every_finished_game(tmp_path):
     """A SIGTERM to the labelling's process group (`timeout`, a service manager; Ctrl-C sends SIGINT
     the same way) ends the run cleanly: the finished games are committed, the summary says it

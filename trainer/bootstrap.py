@@ -9,7 +9,11 @@ Teacher (:func:`bootstrap_teacher`)
     ``SimpleEngine``, ``Threads 1``, a small hash, ``UCI_ShowWDL``) and play it
     against itself: ``opening_plies/2 .. opening_plies`` uniformly random plies
     first, then the teacher's best move, except for a ``random_move_share`` of
-    uniformly random moves.  A game ends by the rules (mate, stalemate,
+    uniformly random moves.  With a ``student`` network, the student plays one side
+    of each game (drawn at random) with its policy's first choice, and the teacher
+    the other: the positions are then those the student's own moves lead to (its
+    hanging pieces, the attacks it walks into), which the teacher's games alone
+    rarely reach, each still labelled by the teacher.  A game ends by the rules (mate, stalemate,
     insufficient material, and the draws a player may claim: fifty moves and
     threefold repetition), by Syzygy when tablebases are given (adjudicated),
     or as a draw at ``max_plies`` (adjudicated, max length exceeded).
@@ -341,6 +345,29 @@ class _GameSettings:
     opening_plies: int
     max_plies: int
     syzygy: str | None
+    student: str | None = None      # an ONNX file that plays one side of each game
+
+
+class _Student:
+    """A network that plays its policy's first choice, on one CPU thread of a teacher's worker."""
+
+    def __init__(self, path: str) -> None:
+        from engine.network import Network, NetworkError
+
+        try:
+            self.net = Network(path, backend="cpu", intra_threads=1, max_batch=1, warmup_batch=1)
+        except (NetworkError, OSError) as exc:
+            raise TeacherError(f"cannot load student network {path}: {exc}") from None
+
+    def move(self, board: Board) -> str:
+        from engine.encoding import encode_board, legal_policy
+
+        logits = self.net.evaluate(encode_board(board)[None])[0]
+        names, priors = legal_policy(board, logits[0])
+        return names[int(np.argmax(priors))]
+
+    def close(self) -> None:
+        self.net.close()
 
 
 class _Game(NamedTuple):
@@ -363,11 +390,16 @@ def _syzygy_result(tablebase: chess.syzygy.Tablebase | None,
 
 
 def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Generator,
-               tablebase: chess.syzygy.Tablebase | None, stop: Any) -> _Game | None:
-    """One self-play game of the teacher, labelled; None when ``stop`` was set during it."""
+               tablebase: chess.syzygy.Tablebase | None, stop: Any,
+               student: _Student | None = None) -> _Game | None:
+    """One game of the teacher against itself (or against ``student``), labelled; None when
+    ``stop`` was set during it."""
     board = chess.Board()
     low = settings.opening_plies // 2
     random_plies = int(rng.integers(low, settings.opening_plies + 1)) if settings.opening_plies else 0
+    # the student's side, and the game on the engine's board for its history planes
+    student_side = bool(rng.integers(2)) if student is not None else None
+    replay = Board() if student is not None else None
     game_id = object()
     labels: list[_Label] = []
     moves: list[str] = []
@@ -391,11 +423,15 @@ def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Genera
         if board.ply() < random_plies or rng.random() < settings.random_move_share:
             legal = list(board.legal_moves)
             move = legal[int(rng.integers(len(legal)))].uci()
+        elif board.turn == student_side:
+            move = student.move(replay)
         else:
             move = label.best
         labels.append(label)
         moves.append(move)
         board.push_uci(move)
+        if replay is not None:
+            replay.push_uci(move)
     return _Game(_teacher_records(labels, moves, winner, adjudicated, max_length), termination)
 
 
@@ -430,6 +466,7 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
     """A worker process: plays and labels games until ``stop``; sends each as (JSON header, record bytes)."""
     teacher = None
     tablebase = None
+    student = None
     # The parent stops the workers (``stop``) after a Ctrl-C or a SIGTERM to the process group:
     # a worker killed by it mid-send would look like a teacher that died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -440,9 +477,11 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
             tablebase = chess.syzygy.Tablebase()
             for folder in settings.syzygy.split(os.pathsep):
                 tablebase.add_directory(folder)
+        if settings.student:
+            student = _Student(settings.student)
         rng = np.random.default_rng(seed)
         while not stop.is_set():
-            game = _play_game(teacher, settings, rng, tablebase, stop)
+            game = _play_game(teacher, settings, rng, tablebase, stop, student)
             if game is None:
                 break
             header = {"positions": len(game.records), "termination": game.termination}
@@ -460,6 +499,8 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
             tablebase.close()
         if teacher is not None:
             teacher.close()
+        if student is not None:
+            student.close()
         conn.close()
 
 
@@ -478,6 +519,7 @@ def bootstrap_teacher(
     syzygy: str | None = None,
     hash_mb: int = DEFAULT_HASH_MB,
     seed: int = 0,
+    student: str | os.PathLike | None = None,
     positions_per_chunk: int = DEFAULT_POSITIONS_PER_CHUNK,
     commit_seconds: float = DEFAULT_COMMIT_SECONDS,
     progress: bool = True,
@@ -488,7 +530,8 @@ def bootstrap_teacher(
     ``teacher`` is the engine's command line (default: :func:`default_teacher`);
     ``workers`` teacher processes run at once (default: one per CPU).  Raises
     :class:`TeacherError` naming the command when the teacher cannot be started
-    or dies; games committed before that stay in the store.  ``stop`` set (within a second;
+    or dies, or when the ``student`` network cannot be loaded; games committed before that stay
+    in the store.  ``stop`` set (within a second;
     :func:`trainer.stop_signals.stop_on_signals`): every finished game is committed and the summary says so; the
     games still being played are lost.
     """
@@ -499,8 +542,9 @@ def bootstrap_teacher(
                         temperature=temperature, random_move_share=random_move_share,
                         opening_plies=opening_plies, max_plies=max_plies, syzygy=syzygy,
                         hash_mb=hash_mb, positions_per_chunk=positions_per_chunk)
+    student = os.path.abspath(student) if student is not None else None
     settings = _GameSettings(depth, multipv, float(temperature), float(random_move_share),
-                             opening_plies, max_plies, syzygy)
+                             opening_plies, max_plies, syzygy, student)
     started = time.monotonic()
     with _run_lock(run_dir, TEACHER_SOURCE):
         store = _open_store(run_dir)
@@ -514,6 +558,8 @@ def bootstrap_teacher(
             probe.check_multipv(multipv)
         finally:
             probe.close()
+        if student is not None:   # a bad network fails here too
+            _Student(student).close()
         need = positions - done
         ctx = multiprocessing.get_context("spawn")
         workers_stop = ctx.Event()

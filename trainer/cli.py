@@ -131,6 +131,10 @@ def _build_parser() -> argparse.ArgumentParser:
     boot.add_argument("--max-plies", type=int, default=None, help="(--teacher) game length adjudicated a draw")
     boot.add_argument("--syzygy", metavar="DIR", default=None, help="(--teacher) Syzygy tablebases for adjudication")
     boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed")
+    boot.add_argument("--student", metavar="NET", default=None,
+                      help="(--teacher) an ONNX network that plays one side of each game with its policy's "
+                           "first choice, so that the teacher labels the positions the student's own moves "
+                           "lead to")
     boot.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     status = sub.add_parser("status", help="the learner's step and rate, the window, games/h, the next "
@@ -487,7 +491,7 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         if args.positions is None or args.positions < 1:
             parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
         options = {k: getattr(args, k) for k in ("workers", "depth", "multipv", "temperature", "random_move_share",
-                                                 "opening_plies", "max_plies") if getattr(args, k) is not None}
+                                                 "opening_plies", "max_plies", "student") if getattr(args, k) is not None}
         try:
             teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
             stop = threading.Event()
