@@ -13,10 +13,10 @@ Teacher (:func:`bootstrap_teacher`)
     of each game (drawn at random) with its policy's first choice, and the teacher
     the other: the positions are then those the student's own moves lead to (its
     hanging pieces, the attacks it walks into), which the teacher's games alone
-    rarely reach, each still labelled by the teacher.  A game ends by the rules (mate, stalemate,
-    insufficient material, and the draws a player may claim: fifty moves and
-    threefold repetition), by Syzygy when tablebases are given (adjudicated),
-    or as a draw at ``max_plies`` (adjudicated, max length exceeded).
+    rarely reach, each still labelled by the teacher.  A game ends by the rules
+    (mate, stalemate, insufficient material, and the draws a player may claim:
+    fifty moves and threefold repetition), by Syzygy when tablebases are given
+    (adjudicated), or as a draw at ``max_plies`` (adjudicated, max length exceeded).
 
     Every position a move was played from is labelled by one teacher search
     (``go depth D`` with ``MultiPV M``):
