@@ -7,9 +7,9 @@
 them), keeps each with probability SHARE (seed 5), labels it with the teacher's best move
 and WDL at DEPTH (Debian's stockfish, one process a core, as ``cyzero-train bootstrap``
 labels) and writes the records into OUT_RUN's replay store. ``score`` prints, for each
-network, the policy cross-entropy against the teacher's move, the value cross-entropy
-against its WDL and how often the network's first choice is the teacher's, on one CPU
-thread. Why: the teacher's own games are a narrow held-out set (PROVENANCE, "Stockfish
+network (an ONNX file or an lc0 one, as the engine loads it), the policy cross-entropy
+against the teacher's move, the value cross-entropy against its WDL and how often the
+network's first choice is the teacher's, on one CPU thread. Why: the teacher's own games are a narrow held-out set (PROVENANCE, "Stockfish
 against cyzero's own positions"); on them four continued networks looked better and
 played worse, where these positions ranked them as the matches did.
 """
@@ -66,8 +66,7 @@ def label(out: str, depth: int, share: float, pgns: list[str]) -> None:
 
 
 def score(run: str, nets: list[str]) -> None:
-    import onnxruntime as ort
-
+    from engine.network import Network
     from trainer.records import decode_records, read_chunk
     from trainer.replay import ReplayStore
 
@@ -80,17 +79,13 @@ def score(run: str, nets: list[str]) -> None:
     legal = target >= 0
     print(f"{len(records)} positions")
     for net in nets:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        session = ort.InferenceSession(net, options, providers=["CPUExecutionProvider"])
-        outs = [session.run(["/output/policy", "/output/wdl"], {"/input/planes": planes[i:i + 256]})
-                for i in range(0, len(planes), 256)]
-        logits = np.where(legal, np.concatenate([o[0] for o in outs]).astype(np.float64), -np.inf)
+        with Network(net, backend="cpu", intra_threads=1, max_batch=256) as network:
+            policy, value, _ = network.evaluate(planes)
+        logits = np.where(legal, policy.astype(np.float64), -np.inf)
         logits -= logits.max(1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
         policy_ce = -(np.where(legal, target * logp, 0.0)).sum(1).mean()
-        value = np.concatenate([o[1] for o in outs]).astype(np.float64)
-        value_ce = -(wdl * np.log(np.clip(value, 1e-12, 1))).sum(1).mean()
+        value_ce = -(wdl * np.log(np.clip(value.astype(np.float64), 1e-12, 1))).sum(1).mean()
         top1 = (logits.argmax(1) == target.argmax(1)).mean()
         print(f"{net}: policy {policy_ce:.3f} value {value_ce:.3f} top1 {top1:.3f}")
 
