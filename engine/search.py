@@ -1229,7 +1229,7 @@ class Searcher:
         # MultiPV N reports N lines, as a GUI expects: a move the search has not visited yet
         # gets the root's own value and a one-move pv (lc0 reports its unvisited edges too).
         for rank, child in enumerate(children[: max(1, self.params.multipv)], start=1):
-            q = child["q"] if child["q"] is not None else -tree.root_q[0]
+            q = child["q"] if child["q"] is not None else tree.root_q[0]
             d = child["d"] if child["d"] is not None else tree.root_q[1]
             mate = None
             if child["proven"] in (1, -1):

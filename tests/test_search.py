@@ -244,6 +244,19 @@ def test_multipv_reports_distinct_legal_lines():
             board.push_uci(move)  # raises if the PV is not legal from the root
 
 
+def test_an_unvisited_line_reports_the_root_value_for_the_side_to_move():
+    """Before a root move is visited its line shows the root's own value, from the side to move:
+    a lost position reads as lost (a forced move played at once once read +125 pawns)."""
+    s = Searcher(lambda: FakeNetwork(wdl=(0.1, 0.1, 0.8)), SearchParams(minibatch_size=1, multipv=3))
+    for board in (Board(), Board("5q1K/1k6/8/p7/6r1/8/8/8 w - - 2 66")):  # the second: one legal move
+        rec = run(s, board, GoParams(nodes=1))
+        final = rec.results[0].info
+        assert final.lines and all(line.visits == 0 for line in final.lines)
+        for line in final.lines:
+            assert line.q == pytest.approx(0.1 - 0.8)
+            assert line.cp < 0 and line.wdl[2] > line.wdl[0]
+
+
 def test_info_fields_are_sane(searcher):
     rec = run(searcher, Board(), GoParams(nodes=400))
     assert rec.infos
