@@ -432,8 +432,19 @@ def test_random_movers_alternate_colours_and_write_a_pgn_that_parses(fake, tmp_p
         else:
             assert game.headers["Result"] == "1/2-1/2" and board.fullmove_number == 41
     assert not [p for p in os.listdir(tmp_path) if p != "out.pgn"]  # no temp file left
-    for stats in result.stats:
-        assert stats.as_dict() == m.EngineStats().as_dict()
+    failures = ("time_forfeits", "illegal_moves", "crashes", "disconnects", "restarts", "max_overshoot_ms")
+    for i, stats in enumerate(result.stats):
+        record = stats.as_dict()
+        assert all(record[key] == 0 for key in failures), record
+        # every move each engine made is timed; a random mover reports no nodes
+        made = 0
+        for g in result.games:
+            white = g.engine1_white == (i == 0)
+            white_first = len(g.opening.moves) % 2 == 0
+            made += len(g.moves[0 if white == white_first else 1::2])
+        assert record["moves"] == made > 0 and record["median_move_seconds"] >= 0
+        assert record["median_move_nodes"] is None
+    assert "speed (median a move): fake-random #1 nodes not reported in " in m.format_summary(result)
 
 
 @pytest.mark.parametrize(
@@ -859,6 +870,9 @@ def test_cyzero_at_one_node_plays_a_real_game_on_a_clock(capsys):
     assert cli.main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["games"] == 1 and data["engine1"]["limit"] == "60+1, nodes=1"
+    # the summary's speed: cyzero's nodes a move as it reported them, none from the random mover
+    assert 1 <= data["engine1"]["median_move_nodes"] <= 2 and data["engine2"]["median_move_nodes"] is None
+    assert abs(data["engine1"]["moves"] - data["engine2"]["moves"]) <= 1 and data["engine1"]["moves"] > 0
     for engine in ("engine1", "engine2"):
         for key in ("time_forfeits", "illegal_moves", "crashes", "disconnects"):
             assert data[engine][key] == 0, (engine, key)

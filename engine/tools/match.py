@@ -55,6 +55,7 @@ import random
 import re
 import shlex
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -359,7 +360,13 @@ class EngineSpec:
 
 @dataclass
 class EngineStats:
-    """Failure events of one engine over the whole match."""
+    """Failure events of one engine over the whole match, and how fast it searched.
+
+    The speed is there because a match at a clock measures the machine too: an engine
+    limited by its nodes (cyzero) gains Elo on a faster core where one limited by a set
+    strength (Stockfish's ``UCI_Elo``) does not, so figures from two machines compare only
+    together with their nodes a move.
+    """
 
     time_forfeits: int = 0
     illegal_moves: int = 0
@@ -367,6 +374,8 @@ class EngineStats:
     disconnects: int = 0
     restarts: int = 0
     max_overshoot_ms: float = 0.0  # largest time a move arrived after the clock ran out
+    move_seconds: list = field(default_factory=list)  # each move's time, as the clock charged it
+    move_nodes: list = field(default_factory=list)    # each move's last reported nodes, where it said
 
     def as_dict(self) -> dict:
         return {
@@ -376,6 +385,9 @@ class EngineStats:
             "disconnects": self.disconnects,
             "restarts": self.restarts,
             "max_overshoot_ms": round(self.max_overshoot_ms, 1),
+            "moves": len(self.move_seconds),
+            "median_move_seconds": round(statistics.median(self.move_seconds), 4) if self.move_seconds else None,
+            "median_move_nodes": statistics.median(self.move_nodes) if self.move_nodes else None,
         }
 
 
@@ -825,6 +837,9 @@ class _Match:
                     )
                 clocks[color] += tc.increment
 
+            engine.stats.move_seconds.append(elapsed)
+            if result.info.get("nodes") is not None:
+                engine.stats.move_nodes.append(result.info["nodes"])
             pov = result.info.get("score")
             pov = pov.pov(color) if pov is not None else None
             depth = result.info.get("depth")
@@ -1267,6 +1282,15 @@ def _sprt_text(sprt: dict, name1: str, s: dict) -> str:
     return head + f"{decision} accepted, {name1} is {accepted} Elo rather than {rejected} ({played})"
 
 
+def _speed_text(engine: dict) -> str:
+    """One engine's median nodes and time a move, for comparing matches across machines."""
+    if not engine["moves"]:
+        return "no moves"
+    nodes = engine["median_move_nodes"]
+    said = "nodes not reported" if nodes is None else f"{nodes:,.0f} nodes"
+    return f"{said} in {engine['median_move_seconds']:.3f} s"
+
+
 def format_summary(result: MatchResult) -> str:
     s = summary(result)
     games = result.games
@@ -1306,6 +1330,8 @@ def format_summary(result: MatchResult) -> str:
             f"{name:<{width}}  {e['time_forfeits']:>13} {e['illegal_moves']:>13} {e['crashes']:>7} "
             f"{e['disconnects']:>11} {e['restarts']:>8}{over}"
         )
+    lines += ["", "speed (median a move): " + "; ".join(
+        f"{name} {_speed_text(e)}" for name, e in ((n1, s["engine1"]), (n2, s["engine2"])))]
     sprt = s["sprt"]
     if sprt is not None:
         lines += ["", _sprt_text(sprt, n1, s)]
