@@ -181,23 +181,41 @@ def test_bootstrap_learn_status_plot_evaluate(tmp_path, torch_installed):
 
 
 class _Started:
-    """A long-running command: its stderr read on a thread, waited on for a line."""
+    """A long-running command: its stderr read on a thread, waited on for a line.
+
+    Each pipe has one reader thread and nothing else reads it: ``communicate()`` beside the
+    stderr thread took lines from it and closed the pipe under it (a ValueError in the thread).
+    """
 
     def __init__(self, argv: list[str], cwd) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.err: list[str] = []
-        self.out = ""
+        self._out: list[str] = []
         self._seen = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read_err, daemon=True),
+                         threading.Thread(target=self._out.extend, args=(self.proc.stdout,), daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
+    @property
+    def out(self) -> str:
+        return "".join(self._out)
+
+    def _read_err(self) -> None:
         for line in self.proc.stderr:
             with self._seen:
                 self.err.append(line)
                 self._seen.notify_all()
+
+    def _wait(self, timeout: float) -> None:
+        self.proc.wait(timeout)
+        for reader in self._readers:
+            reader.join(10)
+        if not any(reader.is_alive() for reader in self._readers):
+            self.proc.stdout.close()
+            self.proc.stderr.close()
 
     def wait_for(self, text: str) -> None:
         deadline = time.monotonic() + DEADLINE_S
@@ -212,17 +230,15 @@ class _Started:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            self.out, _ = self.proc.communicate(timeout=DEADLINE_S)
+            self._wait(DEADLINE_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            self.kill()
             raise AssertionError(f"{self.argv[2:]} did not stop: {''.join(self.err)[-3000:]}") from None
-        self._reader.join(10)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+        self._wait(DEADLINE_S)
 
 
 def test_run_and_a_worker(tmp_path, torch_installed):
