@@ -189,6 +189,39 @@ def test_sigterm_stops_the_labelling_cleanly_and_keeps_every_finished_game(tmp_p
             _replay_and_check(game)
 
 
+@pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT", "exit 3", "exit 3 while stopping"])
+def test_a_worker_that_ended_because_of_a_stop_stops_the_labelling_and_any_other_is_an_error(ending):
+    """A stop signal to the process group can reach a worker still starting, before it ignores
+    it (a clean-clone CI run saw 'exited unexpectedly (exit code -15)' under load): that worker
+    was stopped, as is one that ends once the labelling is stopping; any other end is an error."""
+    import multiprocessing
+    import threading
+
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    code = 3 if ending.startswith("exit") else 0
+    proc = ctx.Process(target=time.sleep if not code else os._exit, args=(600,) if not code else (code,),
+                       daemon=True)
+    proc.start()
+    send.close()
+    stop = threading.Event()
+    try:
+        if not code:
+            os.kill(proc.pid, getattr(signal, ending))
+        if ending.endswith("stopping"):
+            stop.set()
+        if ending == "exit 3":
+            with pytest.raises(TeacherError, match=r"teacher worker for 'my teacher' exited unexpectedly "
+                                                   r"\(exit code 3\)"):
+                bootstrap._receive_game(recv, proc, ["my teacher"], stop)
+        else:
+            assert bootstrap._receive_game(recv, proc, ["my teacher"], stop) is None
+    finally:
+        proc.kill()
+        proc.join()
+        recv.close()
+
+
 def test_a_teacher_that_cannot_start_is_a_clear_error(tmp_path):
     run = str(tmp_path / "run")
     with pytest.raises(TeacherError, match="cannot start teacher /nonexistent/teacher-x"):

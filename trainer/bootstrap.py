@@ -468,7 +468,8 @@ def _teacher_worker(conn: Connection, command: list[str], hash_mb: int, settings
     tablebase = None
     student = None
     # The parent stops the workers (``stop``) after a Ctrl-C or a SIGTERM to the process group:
-    # a worker killed by it mid-send would look like a teacher that died.
+    # a worker killed by it mid-send would look like a teacher that died. (One still starting
+    # dies of it; _receive_game takes that for the stop it is.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -582,7 +583,11 @@ def bootstrap_teacher(
                 last_commit = time.monotonic()
                 while added < need and not stop.is_set():
                     for conn in cast(list[Connection], wait(list(conns), timeout=1.0)):
-                        header, records = _receive_game(conn, procs[conns[conn]], command)
+                        game = _receive_game(conn, procs[conns[conn]], command, stop)
+                        if game is None:
+                            stop.set()
+                            break
+                        header, records = game
                         take = min(len(records), need - added)
                         if take:
                             committed = writer.add_game(records[:take])
@@ -675,7 +680,16 @@ def _check_teacher_args(**kw: Any) -> None:
         raise ValueError(f"syzygy path {kw['syzygy']!r} is not a directory (or ':'-separated list of them)")
 
 
-def _receive_game(conn: Connection, proc: Any, command: list[str]) -> tuple[dict, np.ndarray]:
+#: A worker that died of one of these was asked to stop, not failed: a signal to the whole
+#: process group (`timeout`, systemd, Ctrl-C) can reach a worker while it is still starting,
+#: before it ignores the signal and leaves stopping to the parent.
+_STOP_EXIT_CODES = (-signal.SIGTERM, -signal.SIGINT)
+
+
+def _receive_game(conn: Connection, proc: Any, command: list[str],
+                  stop: threading.Event) -> tuple[dict, np.ndarray] | None:
+    """A worker's next game; None when the worker ended because the labelling is stopping:
+    ``stop`` is set, or a stop signal reached the worker while it was still starting."""
     try:
         header = json.loads(conn.recv_bytes())
         if "error" in header:
@@ -683,6 +697,8 @@ def _receive_game(conn: Connection, proc: Any, command: list[str]) -> tuple[dict
         data = conn.recv_bytes()
     except EOFError:
         proc.join(timeout=5)
+        if stop.is_set() or proc.exitcode in _STOP_EXIT_CODES:
+            return None
         raise TeacherError(f"a teacher worker for {shlex.join(command)} exited unexpectedly "
                            f"(exit code {proc.exitcode})") from None
     records = np.frombuffer(data, dtype=RECORD_DTYPE)
