@@ -189,6 +189,17 @@ def test_sigterm_stops_the_labelling_cleanly_and_keeps_every_finished_game(tmp_p
             _replay_and_check(game)
 
 
+class _SignalWhileStarting:
+    """Unpickled by a spawned worker while it starts: the signal reaches it there, as one sent to
+    the process group can."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __reduce__(self):
+        return signal.raise_signal, (self.signum,)
+
+
 @pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT", "exit 3", "exit 3 while stopping"])
 def test_a_worker_that_ended_because_of_a_stop_stops_the_labelling_and_any_other_is_an_error(ending):
     """A stop signal to the process group can reach a worker still starting, before it ignores
@@ -199,23 +210,23 @@ def test_a_worker_that_ended_because_of_a_stop_stops_the_labelling_and_any_other
 
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    code = 3 if ending.startswith("exit") else 0
-    proc = ctx.Process(target=time.sleep if not code else os._exit, args=(600,) if not code else (code,),
-                       daemon=True)
+    if ending.startswith("SIG"):
+        proc = ctx.Process(target=time.sleep, args=(_SignalWhileStarting(getattr(signal, ending)),))
+    else:
+        proc = ctx.Process(target=os._exit, args=(3,))
     proc.start()
     send.close()
     stop = threading.Event()
+    if ending.endswith("stopping"):
+        stop.set()
     try:
-        if not code:
-            os.kill(proc.pid, getattr(signal, ending))
-        if ending.endswith("stopping"):
-            stop.set()
         if ending == "exit 3":
             with pytest.raises(TeacherError, match=r"teacher worker for 'my teacher' exited unexpectedly "
                                                    r"\(exit code 3\)"):
                 bootstrap._receive_game(recv, proc, ["my teacher"], stop)
         else:
             assert bootstrap._receive_game(recv, proc, ["my teacher"], stop) is None
+            assert proc.exitcode == (-getattr(signal, ending) if ending.startswith("SIG") else 3)
     finally:
         proc.kill()
         proc.join()
