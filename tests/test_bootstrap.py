@@ -6,12 +6,14 @@ Board (planes from engine.encoding.encode_board, the legal mask, the played move
 
 import gzip
 import json
+import multiprocessing
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -205,9 +207,6 @@ def test_a_worker_that_ended_because_of_a_stop_stops_the_labelling_and_any_other
     """A stop signal to the process group can reach a worker still starting, before it ignores
     it (a clean-clone CI run saw 'exited unexpectedly (exit code -15)' under load): that worker
     was stopped, as is one that ends once the labelling is stopping; any other end is an error."""
-    import multiprocessing
-    import threading
-
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     if ending.startswith("SIG"):
