@@ -15,8 +15,10 @@ wrong; ONNX Runtime's own exception texts and log dumps never reach the user.
 
 Backends
 --------
-``"cpu"``, ``"cuda"``, ``"tensorrt"`` or ``"auto"`` (TensorRT, then CUDA,
-then CPU).  onnxruntime-gpu lists the TensorRT and CUDA providers whether or
+``"cpu"`` (ONNX Runtime's CPU path), ``"openvino"`` (OpenVINO's CPU plugin:
+see :mod:`engine.sessions`), ``"cuda"``, ``"tensorrt"`` or ``"auto"``
+(TensorRT, then CUDA, then OpenVINO, then ONNX Runtime's CPU path; ``auto``
+says in one line what it took and why).  onnxruntime-gpu lists the TensorRT and CUDA providers whether or
 not CUDA is installed, and a CUDA session that cannot load its libraries
 quietly runs on the CPU; so the provider is decided by what the created
 session actually runs (``session.get_providers()``), not by what is listed.
@@ -57,8 +59,9 @@ session per size in :attr:`Network.batch_sizes`, each fed only its own shape,
 pads every batch to the smallest size that holds it (:meth:`Network.padded`),
 and runs every size once when it is loaded: a swap builds and warms the new
 network before it replaces the old one, so no search ever waits for a plan.
-The CPU provider keeps one session and variable shapes, which cost nothing
-there.  Sessions come from a factory (``engine.sessions``), which a stand-in
+OpenVINO on the CPU does the same (a dynamic batch ran the int8 file at half
+the speed), compiling its sizes side by side. ONNX Runtime's CPU provider keeps
+one session and variable shapes, which cost nothing there.  Sessions come from a factory (``engine.sessions``), which a stand-in
 for a GPU replaces in tests and benchmarks.
 
 Threads and the GIL
@@ -94,10 +97,12 @@ from engine.sessions import (
     BACKENDS,
     CPU,
     CUDA,
+    GPU_PROVIDERS,
     LABEL,
+    OPENVINO,
     TENSORRT,
     NetworkError,
-    OrtSessionFactory,
+    SessionFactory,
     available_providers,
     open_session,
     short_ort_message,
@@ -107,6 +112,7 @@ __all__ = [
     "BACKENDS",
     "CPU",
     "CUDA",
+    "OPENVINO",
     "TENSORRT",
     "fixed_batch_sizes",
     "available_providers",
@@ -170,9 +176,11 @@ class Network:
         :mod:`engine.lc0`).  It is read once; its sha256 is computed from the
         same bytes the session is built from (an lc0 file's own bytes).
     backend
-        ``"auto"`` (TensorRT, then CUDA, then CPU: the first that works),
-        ``"cpu"``, ``"cuda"`` or ``"tensorrt"``.  A GPU backend that cannot be
-        used falls back (TensorRT to CUDA to CPU) with one line through ``log``.
+        ``"auto"`` (TensorRT, then CUDA, then OpenVINO, then ONNX Runtime's CPU
+        path: the first that works), ``"cpu"``, ``"openvino"``, ``"cuda"`` or
+        ``"tensorrt"``.  A backend that cannot be used falls back (TensorRT to
+        CUDA to ONNX Runtime's CPU path, OpenVINO to ONNX Runtime's CPU path)
+        with one line through ``log``.
     device_id
         The GPU to use (CUDA and TensorRT).
     intra_threads
@@ -184,12 +192,15 @@ class Network:
         The largest batch given to ONNX Runtime at once; larger inputs to
         :meth:`evaluate` are split into chunks of this size.
     batch_sizes
-        On a GPU provider, the fixed batch sizes, one session each (default:
-        the powers of two below ``max_batch``, and ``max_batch``); a batch is
-        padded to the smallest that holds it.  Ignored on the CPU, where
-        shapes may vary at no cost.
+        On a GPU provider and on OpenVINO, the fixed batch sizes, one session
+        each (default: the powers of two below ``max_batch``, and
+        ``max_batch``); a batch is padded to the smallest that holds it.
+        Ignored on ONNX Runtime's CPU path, where shapes may vary at no cost.
+    precision
+        On OpenVINO, ``"fp32"`` or ``"bf16"`` for a float file (default: bf16 where the
+        processor has it in hardware; see :func:`engine.sessions.openvino_precision`).
     cuda_options
-        Extra CUDA provider options (see :class:`engine.sessions.OrtSessionFactory`).
+        Extra CUDA provider options (see :class:`engine.sessions.SessionFactory`).
     session_factory
         What makes the sessions (default: ONNX Runtime's); the GPU stand-in
         ``engine.tools.gpu_standin.SimulatedGPU`` takes its place in tests
@@ -222,7 +233,11 @@ class Network:
     description : str
         A one-line summary: file name, sha256 prefix, provider, variant and input type.
     batch_sizes : tuple of int
-        The fixed sizes the network runs (a GPU provider), or ``()``: any size (the CPU).
+        The fixed sizes the network runs (a GPU provider, OpenVINO), or ``()``: any size.
+    gpu : bool
+        Whether it runs on a GPU (the search batches and pipelines by it).
+    precision : str
+        The arithmetic it runs in: the file's variant, or ``bf16`` where OpenVINO chose it.
     sha256, path, variant, input_dtype, has_mlh, max_batch, metadata
 
     Buffers and aliasing
@@ -251,6 +266,7 @@ class Network:
         trt_cache_dir: str | os.PathLike | None = None,
         batch_sizes: Sequence[int] | None = None,
         cuda_options: dict | None = None,
+        precision: str | None = None,
         session_factory=None,
     ) -> None:
         self.path = os.fspath(path)
@@ -269,12 +285,12 @@ class Network:
         self.inter_threads = inter_threads or 1
         self.max_batch = max_batch
         data = self._read(expected_sha256)
-        self._factory = session_factory or OrtSessionFactory(
+        self._factory = session_factory or SessionFactory(
             device_id=self.device_id, intra_threads=self.intra_threads,
             inter_threads=self.inter_threads, allow_spinning=allow_spinning,
             folder=os.path.dirname(os.path.abspath(self.path)), trt_fp16=trt_fp16,
             trt_cache_dir=None if trt_cache_dir is None else os.fspath(trt_cache_dir),
-            cache_key=self.sha256[:16], cuda_options=cuda_options)
+            cache_key=self.sha256[:16], cuda_options=cuda_options, precision=precision)
         wanted_sizes = fixed_batch_sizes(max_batch, batch_sizes)
         # A GPU session is made for the largest size and fed only that; the contract is checked
         # on it before any other size is made with the batch dimension fixed by name.
@@ -282,6 +298,7 @@ class Network:
                                      batch=wanted_sizes[-1])
         self.providers: list[str] = list(self._session.providers)
         self.provider: str = self.providers[0]
+        self.gpu: bool = self.provider in GPU_PROVIDERS
         if self._lc0 is not None and self.provider == CUDA:
             # The CUDA provider runs an lc0 file in float16, as lc0 does on a GPU (and as the
             # bundled network's fp16 variant runs); TensorRT makes its own fp16 engine.
@@ -289,13 +306,15 @@ class Network:
             self._session = self._factory.make(data, CUDA, wanted_sizes[-1])
         self._check_contract()
         self.variant = self._guess_variant()
+        #: the arithmetic it runs in: the file's variant, or what OpenVINO chose for it (bf16)
+        self.precision: str = getattr(self._session, "precision", self.variant)
         size = self._size()
         # On a GPU provider, one session per batch size, each fed only its own shape: ONNX
         # Runtime's CUDA provider re-plans whenever a session's input shape changes (on an H100,
         # 336 positions/s with shapes changing, 57,774 with one session per fixed size).
         self.batch_sizes: tuple[int, ...] = ()
         self._sessions: dict[int, object] = {}
-        if self.provider in (CUDA, TENSORRT):
+        if self.provider in (CUDA, TENSORRT, OPENVINO):
             self.batch_sizes = wanted_sizes
             self.max_batch = wanted_sizes[-1]
             self._sessions = self._make_sessions(data)
@@ -303,9 +322,10 @@ class Network:
         self._lc0 = None     # the file's weights: the sessions hold what they need
         self._buffers = threading.local()    # per thread: padded input and output rows by size
         sizes = f", batch {'/'.join(map(str, self.batch_sizes))}" if self.batch_sizes else ""
+        precision = f" {self.precision}" if self.precision != self.variant else ""
         self.description = (
-            f"{self.name} sha256:{self.sha256[:12]} {LABEL.get(self.provider, self.provider)} "
-            f"{self.variant}{' ' + size if size else ''}, {np.dtype(self.input_dtype).name} io{sizes}"
+            f"{self.name} sha256:{self.sha256[:12]} {LABEL.get(self.provider, self.provider)}"
+            f"{precision} {self.variant}{' ' + size if size else ''}, {np.dtype(self.input_dtype).name} io{sizes}"
             + (f"; {self.lc0_description}" if self.lc0_description else "")
         )
         self._warm_up(warmup_batch)
@@ -347,17 +367,29 @@ class Network:
         return data
 
     def _make_sessions(self, data: bytes) -> dict[int, object]:
-        """One session per fixed batch size, on the provider the first one got."""
+        """One session per fixed batch size, on the provider the first one got. OpenVINO's are
+        compiled side by side (each takes a core for up to a second); a GPU's one by one."""
         dim = self._batch_dim
         sessions = {self.batch_sizes[-1]: self._session}
-        for size in self.batch_sizes[:-1]:
+
+        def make(size: int):
             try:
-                session = self._factory.make(data, self.provider, size, dim)
+                return self._factory.make(data, self.provider, size, dim)
             except Exception as e:  # noqa: BLE001 - e.g. out of GPU memory
                 raise NetworkError(
                     f"{self.name}: cannot make the batch-{size} session on "
                     f"{LABEL[self.provider]}: {short_ort_message(e)}"
                 ) from None
+
+        rest = self.batch_sizes[:-1]
+        if self.provider == OPENVINO and len(rest) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max(1, min(len(rest), os.cpu_count() or 1))) as pool:
+                made = list(pool.map(make, rest))
+        else:
+            made = [make(size) for size in rest]
+        for size, session in zip(rest, made):
             if session.providers[0] != self.provider:
                 raise NetworkError(
                     f"{self.name}: the batch-{size} session runs on {session.providers[0]}, "

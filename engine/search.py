@@ -763,11 +763,18 @@ class MultiSearch:
 # --------------------------------------------------------------------------- the UCI search
 
 
+def _on_gpu(network: object) -> bool:
+    """Whether ``network`` runs on a GPU: its ``gpu`` flag, or, for a network without one (a
+    stand-in), whether it runs fixed batch sizes. OpenVINO runs fixed sizes on the CPU too."""
+    gpu = getattr(network, "gpu", None)
+    return bool(getattr(network, "batch_sizes", ())) if gpu is None else bool(gpu)
+
+
 def default_pipeline(network: object) -> bool:
-    """Whether the UCI search keeps two batches in flight with ``network``: on a network of fixed
-    batch sizes (a GPU) only. On a CPU the gather competes with ONNX Runtime's threads for the
-    same cores, and ``cyzero bench search`` (which measures both) shows no gain there."""
-    return bool(getattr(network, "batch_sizes", ()))
+    """Whether the UCI search keeps two batches in flight with ``network``: on a GPU only. On a
+    CPU the gather competes with the runtime's threads for the same cores, and ``cyzero bench
+    search`` (which measures both) shows no gain there."""
+    return _on_gpu(network)
 
 
 def search_batch(params: SearchParams, network: object) -> int:
@@ -777,7 +784,7 @@ def search_batch(params: SearchParams, network: object) -> int:
     if params.minibatch_size:
         return params.minibatch_size
     sizes = getattr(network, "batch_sizes", ())
-    return max(sizes) if sizes else CPU_MINIBATCH
+    return max(sizes) if sizes and _on_gpu(network) else CPU_MINIBATCH
 
 
 

@@ -7,8 +7,9 @@ under the real ``Network``. A factory has::
 
     factory.make(data, provider, batch=None, batch_dim=None) -> session
     factory.listed() -> providers listed; factory.prepare_gpu(); factory.why_failed(provider, error) -> str
+    factory.openvino_missing() -> None, or why OpenVINO cannot be used here
 
-``provider`` is the one wanted (TensorRT, CUDA or CPU); ``batch`` asks for a
+``provider`` is the one wanted (TensorRT, CUDA, OpenVINO or CPU); ``batch`` asks for a
 session that will only ever see that batch size (on TensorRT its optimisation
 profile is that one size, with an engine cache keyed by network and size), and
 ``batch_dim`` names the input's free batch dimension to fix to it. A session
@@ -18,10 +19,25 @@ name, type, shape), ``metadata``, ``producer`` and
 pointer and runs.
 
 :func:`open_session` tries the backends in order (TensorRT, then CUDA, then
-CPU) and decides the provider by what the created session really runs:
-onnxruntime-gpu lists the GPU providers whether or not CUDA is installed, and
-a CUDA session that cannot load its libraries quietly runs on the CPU. A GPU
-that was wanted and not had is said in exactly one line through ``log``.
+the CPU: OpenVINO, then ONNX Runtime's own CPU path) and decides the provider by
+what the created session really runs: onnxruntime-gpu lists the GPU providers
+whether or not CUDA is installed, and a CUDA session that cannot load its
+libraries quietly runs on the CPU. A runtime that was wanted and not had is said
+in exactly one line through ``log``; ``Backend=auto`` always says in that line
+what it took.
+
+OpenVINO on the CPU
+-------------------
+ONNX Runtime's CPU path runs the bundled int8 file at a fraction of what a
+processor with VNNI or AMX can do; OpenVINO's CPU plugin (oneDNN underneath) runs
+it faster, and runs bfloat16 in hardware where the processor has it
+(``docs/cpu.md`` has the measurements). An OpenVINO session runs one fixed batch
+size (like a GPU session: a dynamic batch ran the int8 file at half the speed),
+its float parts in float32 for an int8 file and in bfloat16 for a float file
+where the processor has native bfloat16 (:func:`openvino_precision`). Compiled
+networks are cached on disk (``$CYZERO_OPENVINO_CACHE`` or
+``~/.cache/cyzero/openvino``): the first load of a file compiles for about a
+second, later ones read the cache.
 """
 
 from __future__ import annotations
@@ -36,12 +52,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-BACKENDS = ("auto", "cpu", "cuda", "tensorrt")
+BACKENDS = ("auto", "cpu", "openvino", "cuda", "tensorrt")
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
-LABEL = {CPU: "CPU", CUDA: "CUDA", TENSORRT: "TensorRT"}
+OPENVINO = "OpenVINO"  # OpenVINO's CPU plugin: not an ONNX Runtime provider, run by OpenVinoSession
+LABEL = {CPU: "CPU", CUDA: "CUDA", TENSORRT: "TensorRT", OPENVINO: "OpenVINO"}
+GPU_PROVIDERS = (CUDA, TENSORRT)
 _LIBRARY_STEM = {CUDA: "cuda", TENSORRT: "tensorrt"}
 
 # ONNX Runtime logging severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal.
@@ -256,8 +274,8 @@ class OrtSession:
         self._session.run_with_iobinding(binding)
 
 
-class OrtSessionFactory:
-    """Makes ONNX Runtime sessions with cyzero's settings.
+class SessionFactory:
+    """Makes ONNX Runtime and OpenVINO sessions with cyzero's settings.
 
     ``cuda_options`` are added to the CUDA provider's options. Its default
     ``cudnn_conv_algo_search`` is ``HEURISTIC``: the default (``EXHAUSTIVE``)
@@ -270,7 +288,7 @@ class OrtSessionFactory:
     def __init__(self, *, device_id: int = 0, intra_threads: int = 0, inter_threads: int = 1,
                  allow_spinning: bool = True, folder: str = ".", trt_fp16: bool = True,
                  trt_cache_dir: Optional[str] = None, cache_key: str = "",
-                 cuda_options: Optional[dict] = None) -> None:
+                 cuda_options: Optional[dict] = None, precision: Optional[str] = None) -> None:
         self.device_id = int(device_id)
         self.intra_threads = intra_threads
         self.inter_threads = inter_threads
@@ -279,6 +297,7 @@ class OrtSessionFactory:
         self.trt_fp16 = trt_fp16
         self.trt_cache_dir = trt_cache_dir
         self.cache_key = cache_key
+        self.precision = precision  # OpenVINO's arithmetic (None: openvino_precision's choice)
         self.cuda_options = {"cudnn_conv_algo_search": "HEURISTIC",
                              "arena_extend_strategy": "kSameAsRequested", **(cuda_options or {})}
 
@@ -294,8 +313,14 @@ class OrtSessionFactory:
     def why_failed(provider: str, error: BaseException | None) -> str:
         return _why_provider_failed(provider, error)
 
+    @staticmethod
+    def openvino_missing() -> Optional[str]:
+        return openvino_missing()
+
     def make(self, data: bytes, provider: str, batch: Optional[int] = None,
-             batch_dim: Optional[str] = None) -> OrtSession:
+             batch_dim: Optional[str] = None):
+        if provider == OPENVINO:
+            return make_openvino_session(data, batch or 1, self.intra_threads, self.precision)
         ort = _ort()
         options = self._session_options()
         if batch is not None and batch_dim:
@@ -366,12 +391,150 @@ class OrtSessionFactory:
         return options
 
 
+# --------------------------------------------------------------------------- OpenVINO
+
+
+_openvino_core = None
+_openvino_lock = threading.Lock()
+
+
+def openvino_missing() -> Optional[str]:
+    """None when OpenVINO can be used here, else why not (for the one fallback line)."""
+    try:
+        _openvino()
+    except ImportError as e:
+        return f"not installed: pip install openvino ({_short(str(e), 80)})"
+    except Exception as e:  # noqa: BLE001 - a broken install: say what it said
+        return _short(f"{type(e).__name__}: {e}")
+    return None
+
+
+def _openvino():
+    """OpenVINO's ``Core``, made once, its compiled networks cached on disk when a folder can be had."""
+    global _openvino_core
+    with _openvino_lock:
+        if _openvino_core is None:
+            import openvino
+
+            core = openvino.Core()
+            cache = os.environ.get("CYZERO_OPENVINO_CACHE") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                "cyzero", "openvino")
+            try:
+                os.makedirs(cache, exist_ok=True)
+                core.set_property({"CACHE_DIR": cache})
+            except (OSError, RuntimeError):
+                pass  # no cache: every load compiles
+            _openvino_core = core
+        return _openvino_core
+
+
+def openvino_precision(quantized: bool, flags: Optional[frozenset] = None) -> tuple[str, str]:
+    """The arithmetic OpenVINO runs a network in, and why: ``int8`` for a quantized file (its
+    float parts in float32), ``bf16`` for a float file where the processor has bfloat16 in
+    hardware (AMX or AVX-512 BF16: within 0.05 of float32 in W-L on real positions), else
+    ``fp32``."""
+    from engine import processor
+
+    if quantized:
+        return "int8", "a quantized file"
+    if processor.native_bf16(flags):
+        return "bf16", "the processor has bfloat16 in hardware"
+    return "fp32", "the processor has no bfloat16 in hardware"
+
+
+class _Port:
+    """A network input or output as ``Network`` reads them (ONNX Runtime's ``NodeArg`` shape)."""
+
+    _TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)"}
+
+    def __init__(self, port) -> None:
+        self.name = port.get_any_name()
+        self.type = self._TYPES.get(port.get_element_type().to_string(), str(port.get_element_type()))
+        self.shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
+
+
+class OpenVinoSession:
+    """One network compiled by OpenVINO for the CPU at one batch size, behind ``Network``'s
+    session interface. Each calling thread has its own infer request; ``infer`` releases the GIL."""
+
+    def __init__(self, compiled, proto, precision: str, reason: str, dynamic_inputs) -> None:
+        self._compiled = compiled
+        self.providers = [OPENVINO]
+        self.precision = precision
+        self.reason = reason
+        self.inputs = dynamic_inputs
+        self.outputs = [_Port(p) for p in compiled.outputs]
+        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        self.producer = proto.producer_name or ""
+        self._requests = threading.local()
+
+    def run_into(self, planes: np.ndarray, targets: list[tuple[str, np.ndarray]]) -> None:
+        import openvino
+
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        request.set_input_tensor(openvino.Tensor(planes, shared_memory=True))
+        for name, buffer in targets:
+            request.set_tensor(name, openvino.Tensor(buffer, shared_memory=True))
+        request.infer()
+
+
+def make_openvino_session(data: bytes, batch: int, threads: int,
+                          precision: Optional[str] = None) -> OpenVinoSession:
+    """``data`` (ONNX bytes) compiled for OpenVINO's CPU plugin at batch ``batch`` with
+    ``threads`` threads (0: its default), in ``precision`` (default :func:`openvino_precision`)."""
+    import onnx
+
+    proto = onnx.load_model_from_string(data)
+    quantized = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
+    chosen, reason = openvino_precision(quantized)
+    if precision is not None and precision != chosen:
+        if precision not in ("fp32", "bf16") or quantized:
+            raise ValueError(f"OpenVINO runs a float file in fp32 or bf16 and a quantized one as it is, "
+                             f"not {precision!r}")
+        chosen, reason = precision, "asked for"
+    core = _openvino()
+    model = core.read_model(data)
+    ports = [_Port(p) for p in model.inputs]
+    if len(model.inputs) == 1:
+        shape = model.inputs[0].get_partial_shape()
+        if shape.rank.is_static and shape.rank.get_length() >= 1:
+            shape[0] = batch
+            model.reshape({model.inputs[0]: shape})
+    config = {
+        "INFERENCE_NUM_THREADS": int(threads or 0),
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+        "ENABLE_CPU_PINNING": False,   # the search thread shares these cores
+        # An int8 file's float parts run in float32: OpenVINO's default there (bfloat16 where
+        # the processor has it) moved the value further from float32 for no speed measured.
+        "INFERENCE_PRECISION_HINT": "bf16" if chosen == "bf16" else "f32",
+    }
+    # OpenVINO 2026.4's fused-subgraph JIT ("snippets") compiles no Mish (lc0's newer networks):
+    # "Supported precisions set is not available for Mish operation". Without it, it does.
+    attempts = [config, {**config, "SNIPPETS_MODE": "DISABLE"}]
+    if chosen == "bf16" and precision is None:
+        attempts += [{**c, "INFERENCE_PRECISION_HINT": "f32"} for c in attempts]
+    for i, attempt in enumerate(attempts):
+        try:
+            compiled = core.compile_model(model, "CPU", attempt)
+            break
+        except Exception as e:  # noqa: BLE001 - the next attempt, or the caller's fallback
+            if i == len(attempts) - 1:
+                raise
+            if attempts[i + 1]["INFERENCE_PRECISION_HINT"] != attempt["INFERENCE_PRECISION_HINT"]:
+                chosen, reason = "fp32", f"bfloat16 did not compile: {short_ort_message(e)[:80]}"
+    return OpenVinoSession(compiled, proto, chosen, reason, ports)
+
+
 # --------------------------------------------------------------------------- provider choice
 
 
 def gpu_attempts(backend: str, listed: list[str]) -> list[str]:
     """The GPU providers to try for ``backend``, best first (``auto``: those ``listed``)."""
-    if backend == "cpu":
+    if backend in ("cpu", "openvino"):
         return []
     wanted = [TENSORRT, CUDA] if backend in ("auto", "tensorrt") else [CUDA]
     if backend == "auto":
@@ -380,17 +543,19 @@ def gpu_attempts(backend: str, listed: list[str]) -> list[str]:
 
 
 def open_session(factory, data: bytes, backend: str, name: str, log: Callable[[str], object],
-                 batch: Optional[int] = None):
-    """The session on the best usable provider; one ``log`` line if a GPU was wanted but not had.
+                 batch: Optional[int] = None, cpu_batch: Optional[int] = None):
+    """The session on the best usable provider, and one ``log`` line where that needs saying.
 
-    ``batch``: the one batch size a GPU session will see. A failed GPU attempt
-    may be the provider's fault or the file's; the CPU attempt that follows
-    tells them apart: if the CPU cannot load the file either, its error is the
-    one reported (as a NetworkError) and no fallback line is written. A GPU
-    attempt that ONNX Runtime quietly turned into a CPU session is kept as the
-    CPU session.
+    ``batch``: the one batch size a GPU session will see; ``cpu_batch`` the one an OpenVINO
+    session will. A failed GPU attempt may be the provider's fault or the file's; the CPU
+    attempt that follows tells them apart: if ONNX Runtime's CPU path cannot load the file
+    either, its error is the one reported (as a NetworkError) and no fallback line is
+    written. A GPU attempt that ONNX Runtime quietly turned into a CPU session is kept as
+    the CPU session. The line says each runtime that was wanted and not had, and what was
+    used; ``Backend=auto`` always gets it (what it took, and why), the other backends only
+    when they did not get what they asked for.
     """
-    failures: list[str] = []  # "CUDA unavailable (reason)", joined into the one fallback line
+    failures: list[str] = []  # "CUDA unavailable (reason)", joined into the one line
     cpu_session = None
     attempts = gpu_attempts(backend, factory.listed())
     if attempts:
@@ -408,18 +573,31 @@ def open_session(factory, data: bytes, backend: str, name: str, log: Callable[[s
             failure = f"{LABEL[wanted]} unavailable ({factory.why_failed(wanted, error)})"
             if failure not in failures:
                 failures.append(failure)
-        if got in (TENSORRT, CUDA):
+        if got in GPU_PROVIDERS:
             if failures:
                 log("; ".join(failures) + f"; using {LABEL[got]}")
             return session
         if got == CPU and session.providers == [CPU]:
             cpu_session = session
             break  # the next GPU attempt would fail the same way (TensorRT needs CUDA too)
+    if backend in ("auto", "openvino"):
+        missing = factory.openvino_missing()
+        if missing is None:
+            try:
+                session = factory.make(data, OPENVINO, cpu_batch or batch)
+            except Exception as e:  # noqa: BLE001 - the runtime's fault or the file's: see below
+                missing = short_ort_message(e)
+            else:
+                if backend == "auto" or failures:
+                    log("; ".join(failures + [f"using OpenVINO {session.precision} on the CPU "
+                                              f"({session.reason})"]))
+                return session
+        failures.append(f"OpenVINO unavailable ({missing})")
     if cpu_session is None:
         try:
             cpu_session = factory.make(data, CPU)
         except Exception as e:  # noqa: BLE001 - any load failure is a NetworkError
             raise NetworkError(f"{name}: {_explain_load_error(e)}") from None
     if failures:
-        log("; ".join(failures) + "; using CPU")
+        log("; ".join(failures) + "; using ONNX Runtime's CPU path")
     return cpu_session

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from engine.files import read_sha256, sha256_file, sha256_path
-from engine.network import CPU, CUDA, POLICY_SIZE, Network, NetworkError
+from engine.network import CPU, CUDA, OPENVINO, POLICY_SIZE, Network, NetworkError
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -62,16 +62,39 @@ def default_weights_path() -> str:
 
 
 #: The bundled network's file for each provider, next to ``default.onnx``: fp16 on CUDA
-#: (as lc0 runs its nets on GPUs) and int8 on the CPU, where it evaluates about twice as
-#: many positions a second and beat fp32 38-19-3 at 10+0.1 (engine/nets/PROVENANCE.md);
-#: TensorRT takes the fp32 file and builds its own fp16 engine from it.
+#: (as lc0 runs its nets on GPUs) and int8 on ONNX Runtime's CPU path, where it evaluates
+#: about twice as many positions a second and beat fp32 38-19-3 at 10+0.1
+#: (engine/nets/PROVENANCE.md); TensorRT takes the fp32 file and builds its own fp16 engine
+#: from it. OpenVINO's file depends on the processor: :func:`bundled_variant_path`.
 BUNDLED_VARIANTS = {CUDA: "default.fp16.onnx", CPU: "default.int8.onnx"}
 
 
 def bundled_variant_path(provider: str) -> Optional[str]:
-    """The bundled network's file for ``provider``, or None where that is ``default.onnx``."""
-    name = BUNDLED_VARIANTS.get(provider)
+    """The bundled network's file for ``provider``, or None where that is ``default.onnx``.
+
+    OpenVINO runs the fp32 file in bfloat16 on a processor with AMX, which ran it 1.8x
+    faster than the int8 file there; elsewhere the int8 file, which was the faster one on
+    AVX-512 VNNI (with or without AVX-512 BF16) and AVX2 (docs/cpu.md)."""
+    from engine import processor
+
+    if provider == OPENVINO:
+        name = None if processor.has_amx() else BUNDLED_VARIANTS[CPU]
+    else:
+        name = BUNDLED_VARIANTS.get(provider)
     return os.path.join(os.path.dirname(default_weights_path()), name) if name else None
+
+
+def planned_cpu_provider(backend: str) -> Optional[str]:
+    """The CPU provider ``backend`` lands on when that is known before a load (``cpu``,
+    ``openvino``, or ``auto`` where no GPU provider is listed), else None: a GPU backend, or
+    ``auto`` with a GPU provider listed, which only a load can tell."""
+    from engine.sessions import available_providers, gpu_attempts, openvino_missing
+
+    if backend == "cpu":
+        return CPU
+    if backend == "openvino" or (backend == "auto" and not gpu_attempts("auto", available_providers())):
+        return OPENVINO if openvino_missing() is None else CPU
+    return None
 
 
 def weights_path(value: str | os.PathLike | None) -> str:
@@ -240,14 +263,16 @@ class NetworkBuilder:
         generation: Optional[int] = None,
         run: Optional[str] = None,
         reported_path: Optional[str] = None,
+        log: Optional[Callable[[str], object]] = None,
     ) -> Candidate:
-        """Load ``path`` (held to ``expected_sha256`` if given) and verify it; raises :class:`NetworkError`."""
+        """Load ``path`` (held to ``expected_sha256`` if given) and verify it; raises
+        :class:`NetworkError`. The loader's lines go to ``log`` (default: on, once each)."""
         network = self.loader(
             path,
             backend=self.backend,
             device_id=self.device_id,
             intra_threads=self.threads or None,
-            log=self._loader_log,
+            log=log or self._loader_log,
             expected_sha256=expected_sha256,
             **self.options,
         )
@@ -264,24 +289,43 @@ class NetworkBuilder:
     def load_weights_file(self, path: str) -> Candidate:
         """The first load of a ``WeightsFile``: held to its ``.sha256`` side file when there is one.
 
-        The bundled network is then reloaded in the variant for the provider it landed on
-        (:data:`BUNDLED_VARIANTS`): which provider that is, only the load can tell."""
-        candidate = self._load_held_to_side_file(path)
-        variant = bundled_variant_path(getattr(candidate.network, "provider", ""))
-        if path != default_weights_path() or variant is None or not os.path.isfile(variant):
+        The bundled network is loaded in the variant for the provider it lands on
+        (:func:`bundled_variant_path`): straight away where the backend says which provider
+        that is (:func:`planned_cpu_provider`), else after a first load of ``default.onnx``
+        has told."""
+        if path != default_weights_path():
+            return self._load_held_to_side_file(path)
+        planned = planned_cpu_provider(self.backend)
+        first = (planned and bundled_variant_path(planned)) or path
+        if not os.path.isfile(first):
+            first = path
+        held: list[str] = []    # the first load's lines: a reload says the same, for its own file
+        try:
+            candidate = self._load_held_to_side_file(first, held.append)
+        except NetworkError as e:
+            if first == path:
+                raise
+            self._loader_log(f"{os.path.basename(first)} unusable, staying on {os.path.basename(path)}: {e}")
+            return self._load_held_to_side_file(path)
+        variant = bundled_variant_path(getattr(candidate.network, "provider", "")) or path
+        if variant == first or not os.path.isfile(variant):
+            for line in held:
+                self._loader_log(line)
             return candidate
         try:
             better = self._load_held_to_side_file(variant)
         except NetworkError as e:
-            self._loader_log(f"{os.path.basename(variant)} unusable, staying on {os.path.basename(path)}: {e}")
+            for line in held:
+                self._loader_log(line)
+            self._loader_log(f"{os.path.basename(variant)} unusable, staying on {os.path.basename(first)}: {e}")
             return candidate
         close_quietly(candidate.network)
         return better
 
-    def _load_held_to_side_file(self, path: str) -> Candidate:
+    def _load_held_to_side_file(self, path: str, log: Optional[Callable[[str], object]] = None) -> Candidate:
         side = read_side_digest(path)
         try:
-            return self.build(path, side)
+            return self.build(path, side, log=log)
         except NetworkError as e:
             if side is not None and "sha256 mismatch" in str(e):
                 raise NetworkError(

@@ -126,7 +126,7 @@ def engine_options() -> list[Option]:
     """
     return [
         Option("WeightsFile", "string", DEFAULT_WEIGHTS),
-        Option("Backend", "combo", "auto", choices=("auto", "cuda", "tensorrt", "cpu")),
+        Option("Backend", "combo", "auto", choices=("auto", "cuda", "tensorrt", "openvino", "cpu")),
         Option("GPU", "spin", 0, 0, 15),
         Option("Threads", "spin", default_threads(), 1, 512),
         Option("Ponder", "check", False),
