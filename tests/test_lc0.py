@@ -44,6 +44,18 @@ def maia() -> Network:
     return Network(MAIA, backend="cpu")
 
 
+def _openvino_params():
+    """OpenVINO in fp32, and in bf16 where the processor has it in hardware (skipped without OpenVINO)."""
+    from engine import processor
+    from engine.sessions import openvino_missing
+
+    missing = pytest.mark.skipif(openvino_missing() is not None, reason="OpenVINO is not installed")
+    params = [pytest.param("fp32", marks=missing, id="openvino-fp32")]
+    if processor.native_bf16():
+        params.append(pytest.param("bf16", marks=missing, id="openvino-bf16"))
+    return params
+
+
 @needs_maia
 def test_the_conv_policy_map_is_lc0s():
     import onnx
@@ -93,6 +105,26 @@ def test_value_and_policy_match_lc0s_own_evaluation(maia):
         theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in p["moves"].items()}
         assert set(ours) == set(theirs), p["fen"]
         assert max(abs(ours[m] - theirs[m]) for m in ours) < 0.07, p["fen"]
+
+
+@needs_maia
+@pytest.mark.parametrize("precision", _openvino_params())
+def test_openvino_matches_lc0s_own_evaluation(precision):
+    """The same file on OpenVINO: in fp32 to lc0's printed digits as on ONNX Runtime; in bf16 V
+    within 0.02 and every policy share within 1 percentage point."""
+    net = Network(MAIA, backend="openvino", precision=precision, max_batch=1)
+    assert net.provider == "OpenVINO" and net.precision == precision
+    v_tol, p_tol = (1.5e-4, 0.07) if precision == "fp32" else (0.02, 1.0)
+    with open(MAIA_LC0, encoding="utf-8") as f:
+        temperature = json.load(f)["policy_temperature"]
+    for p in _lc0_positions():
+        board = Board(p["fen"])
+        policy, wdl, _ = net.evaluate(encode_board(board)[None])
+        assert abs(float(wdl[0, 0] - wdl[0, 2]) - p["v"]) < v_tol, p["fen"]
+        moves, shares = legal_policy(board, policy[0], temperature)
+        ours = dict(zip(moves, (shares * 100).tolist()))
+        theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in p["moves"].items()}
+        assert max(abs(ours[m] - theirs[m]) for m in ours) < p_tol, p["fen"]
 
 
 @needs_maia
@@ -164,7 +196,7 @@ FAMILY = {
 
 
 @pytest.mark.parametrize("variant", list(FAMILY))
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", *_openvino_params()])
 def test_every_classical_network_runs_as_its_reference(tmp_path, variant, dtype):
     spec = FAMILY[variant]
     path = tmp_path / "net.pb.gz"
@@ -176,6 +208,12 @@ def test_every_classical_network_runs_as_its_reference(tmp_path, variant, dtype)
         got = net.evaluate(planes)
         assert ("no moves-left head" not in net.lc0_description) == spec.moves_left
         tol = (2e-4, 2e-5)
+    elif dtype in ("fp32", "bf16"):   # OpenVINO on the CPU
+        lines: list[str] = []
+        net = Network(str(path), backend="openvino", precision=dtype, max_batch=8, log=lines.append)
+        assert net.provider == "OpenVINO" and net.precision == dtype and not lines
+        got = net.evaluate(planes)
+        tol = (1e-3, 1e-4) if dtype == "fp32" else (0.1, 0.02)
     else:   # the fp16 graph, as a GPU would run it
         import onnxruntime as ort
 
@@ -188,7 +226,7 @@ def test_every_classical_network_runs_as_its_reference(tmp_path, variant, dtype)
     assert np.abs(got[1] - want[1]).max() < tol[1]
     if spec.moves_left:
         assert np.abs(np.reshape(got[2], -1) - want[2]).max() < tol[0] * 10
-    elif dtype == "float32":
+    elif dtype != "float16":
         assert got[2] is None
 
 

@@ -10,6 +10,7 @@ The same arithmetic in numpy is the reference.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -423,6 +424,8 @@ def test_process_survives_bad_files_in_a_row(tiny, tmp_path):
 # this worker may have). The child reports through a file, so its stdout and stderr must be empty.
 _FALLBACK_CHILD = textwrap.dedent("""
     import json, sys
+    if sys.argv[4] == "no-openvino":
+        sys.modules["openvino"] = None   # import openvino raises ImportError, as where it is missing
     import onnxruntime as ort
     from engine.network import Network
 
@@ -436,14 +439,14 @@ _FALLBACK_CHILD = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("backend", ["cuda", "tensorrt", "auto"])
-def test_gpu_backend_falls_back_to_cpu_with_one_line(tiny, tmp_path, backend):
+def _fallback(tiny, tmp_path, backend: str, openvino: bool) -> dict:
     import json
 
     report = tmp_path / "report.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
-        [sys.executable, "-c", _FALLBACK_CHILD, os.fspath(tiny[0]), backend, os.fspath(report)],
+        [sys.executable, "-c", _FALLBACK_CHILD, os.fspath(tiny[0]), backend, os.fspath(report),
+         "openvino" if openvino else "no-openvino"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -451,19 +454,51 @@ def test_gpu_backend_falls_back_to_cpu_with_one_line(tiny, tmp_path, backend):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "", f"nothing may reach stdout (the UCI channel): {done.stdout!r}"
+    assert done.stderr == "", f"a runtime's own error dump leaked to stderr: {done.stderr[:300]!r}"
     got = json.loads(report.read_text())
+    for line in got["lines"]:
+        assert "\n" not in line and len(line) < 300
+    return got
+
+
+@pytest.mark.parametrize("backend", ["cuda", "tensorrt"])
+def test_gpu_backend_falls_back_to_onnx_runtimes_cpu_path_with_one_line(tiny, tmp_path, backend):
+    got = _fallback(tiny, tmp_path, backend, openvino=True)
     lines = got["lines"]
     assert got["provider"] == "CPUExecutionProvider"
-    if backend == "auto" and not got["listed"]:
-        assert lines == []  # plain onnxruntime: auto has no GPU to want, so nothing to report
+    assert len(lines) == 1, lines
+    assert "unavailable" in lines[0] and lines[0].endswith("using ONNX Runtime's CPU path")
+    if backend == "cuda":
+        assert lines[0].startswith("CUDA unavailable")
+
+
+def test_auto_says_in_one_line_what_it_took_and_why(tiny, tmp_path):
+    from engine.sessions import openvino_missing
+
+    got = _fallback(tiny, tmp_path, "auto", openvino=True)
+    assert len(got["lines"]) == 1, got["lines"]
+    line = got["lines"][0]
+    if openvino_missing() is None:
+        assert got["provider"] == "OpenVINO"
+        assert re.search(r"using OpenVINO (fp32|bf16) on the CPU \(the processor has (no )?bfloat16 in "
+                         r"hardware\)$", line), line
     else:
-        assert len(lines) == 1, lines
-        assert "unavailable" in lines[0] and lines[0].endswith("using CPU")
-        assert "\n" not in lines[0] and len(lines[0]) < 300
-        if backend == "cuda":
-            assert lines[0].startswith("CUDA unavailable")
-    assert done.stdout == "", f"nothing may reach stdout (the UCI channel): {done.stdout!r}"
-    assert done.stderr == "", f"ONNX Runtime's own error dump leaked to stderr: {done.stderr[:300]!r}"
+        assert got["provider"] == "CPUExecutionProvider"
+        assert line.endswith("using ONNX Runtime's CPU path") and "OpenVINO unavailable" in line, line
+    for provider in got["listed"]:   # onnxruntime-gpu: the GPU it wanted, and why not, come first
+        assert {"CUDAExecutionProvider": "CUDA", "TensorrtExecutionProvider": "TensorRT"}[provider] \
+            + " unavailable (" in line
+
+
+@pytest.mark.parametrize("backend", ["openvino", "auto"])
+def test_without_openvino_the_cpu_backends_fall_back_to_onnx_runtime_with_one_line(tiny, tmp_path, backend):
+    got = _fallback(tiny, tmp_path, backend, openvino=False)
+    assert got["provider"] == "CPUExecutionProvider"
+    assert len(got["lines"]) == 1, got["lines"]
+    assert got["lines"][0].endswith("OpenVINO unavailable (not installed: pip install openvino "
+                                    "(import of openvino halted; None in sys.modules)); "
+                                    "using ONNX Runtime's CPU path"), got["lines"]
 
 
 def test_import_is_cheap_and_torch_free():
