@@ -71,8 +71,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from engine import __version__
+from engine import __version__, processor
 from engine.params import SearchParams
+from engine.sessions import BACKENDS
 
 
 class BenchError(Exception):
@@ -436,6 +437,16 @@ NN_VARIANTS = (
     ("fp16", "default.fp16.onnx"),
     ("int8", "default.int8.onnx"),
 )
+# On a CPU: every runtime and precision the engine can run the bundled network in, as
+# (label, file, backend, precision, arithmetic); today's ``Backend=cpu`` first, the
+# baseline of the ratios. bf16 only where the processor has it in hardware.
+NN_CPU_RUNTIMES = (
+    ("cpu int8", "default.int8.onnx", "cpu", None, "int8"),
+    ("cpu fp32", "default.onnx", "cpu", None, "fp32"),
+    ("openvino int8", "default.int8.onnx", "openvino", None, "int8"),
+    ("openvino bf16", "default.onnx", "openvino", "bf16", "bf16"),
+    ("openvino fp32", "default.onnx", "openvino", "fp32", "fp32"),
+)
 
 
 def _batch_list(text: str) -> tuple[int, ...]:
@@ -468,9 +479,10 @@ def _add_nn_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backend",
-        choices=("auto", "cpu", "cuda", "tensorrt"),
+        choices=BACKENDS,
         default="auto",
-        help="execution provider (default auto: TensorRT, then CUDA, then CPU)",
+        help="execution provider (default auto: TensorRT, then CUDA, then the CPU; on the CPU every "
+             "runtime and precision is timed side by side: cpu int8 is today's Backend=cpu)",
     )
     parser.add_argument(
         "--cuda-option",
@@ -568,15 +580,24 @@ def _width(label: str) -> int:
     return max(16, len(label) + 8)
 
 
-def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
-    """[(label, path)] to time: the bundled variants that exist, or the --net files (label None)."""
+def _nn_networks(args: argparse.Namespace, cpu: bool) -> list[tuple[str | None, str, str, str | None]]:
+    """[(label, path, backend, precision)] to time: the --net files (label None) on
+    ``--backend``; on a CPU every runtime and precision of the bundled network
+    (:data:`NN_CPU_RUNTIMES`) that this machine has; else the bundled variants that exist."""
     if args.net:
-        return [(None, path) for path in args.net]
+        return [(None, path, args.backend, None) for path in args.net]
+    from engine.sessions import openvino_missing
     from engine.weights import default_weights_path
 
     nets_dir = os.path.dirname(default_weights_path())
-    found = [(label, os.path.join(nets_dir, name)) for label, name in NN_VARIANTS]
-    found = [(label, path) for label, path in found if os.path.exists(path)]
+    if cpu:
+        found = [(label, os.path.join(nets_dir, name), backend, precision)
+                 for label, name, backend, precision, arithmetic in NN_CPU_RUNTIMES
+                 if (backend != "openvino" or openvino_missing() is None)
+                 and (arithmetic != "bf16" or processor.native_bf16())]
+    else:
+        found = [(label, os.path.join(nets_dir, name), args.backend, None) for label, name in NN_VARIANTS]
+    found = [entry for entry in found if os.path.exists(entry[1])]
     if not found:
         raise BenchError(
             f"no bundled network in {nets_dir} (expected default.onnx); use --net PATH"
@@ -584,15 +605,46 @@ def _nn_networks(args: argparse.Namespace) -> list[tuple[str | None, str]]:
     return found
 
 
+def macs_per_position(path: str) -> int | None:
+    """Multiply-adds one position costs in the network at ``path`` (an ONNX file): every Conv
+    on the 8x8 board and every Gemm/MatMul, from their weights (a quantized file's weights
+    through their DequantizeLinear); None where the file cannot be read so."""
+    try:
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(path)
+    except Exception:  # noqa: BLE001 - an lc0 file, or no onnx: no figure
+        return None
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in shapes:
+            shapes[node.output[0]] = shapes[node.input[0]]
+        elif node.op_type == "Constant" and node.attribute:
+            shapes[node.output[0]] = list(numpy_helper.to_array(node.attribute[0].t).shape)
+    total = 0
+    for node in model.graph.node:
+        weight = shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if weight is None:
+            continue
+        if node.op_type == "Conv" and len(weight) == 4:
+            total += math.prod(weight) * 64   # 'same' padding: the output is 8x8
+        elif node.op_type in ("Gemm", "MatMul") and len(weight) == 2:
+            total += math.prod(weight)
+    return total or None
+
+
 @register(
     "nn",
-    "network speed: positions/s per batch size for the bundled network and its fp16/int8 variants",
+    "network speed: positions/s per batch size for the bundled network on every CPU runtime and "
+    "precision (or its fp16/int8 variants on a GPU), with the share of the core's peak",
     _add_nn_arguments,
 )
 def bench_nn(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from engine.network import POLICY_SIZE, Network, NetworkError
+    from engine.network import OPENVINO, POLICY_SIZE, Network, NetworkError
+    from engine.sessions import CPU
 
     if args.threads is not None and args.threads < 0:
         raise BenchError(f"--threads must be 0 or more, got {args.threads}")
@@ -601,32 +653,34 @@ def bench_nn(args: argparse.Namespace) -> int:
     max_batch = max(batches)
     said: set[str] = set()
 
-    def log(line: str) -> None:  # the GPU fallback line, once, on stderr (stdout may be JSON)
+    def log(line: str) -> None:  # the backend line, once, on stderr (stdout may be JSON)
         if line not in said:
             said.add(line)
             print(line, file=sys.stderr, flush=True)
 
-    networks = []
-    for label, path in _nn_networks(args):
+    def load(path: str, backend: str, precision: str | None):
         digest_file = path + ".sha256"
         expected = None
         if os.path.exists(digest_file):
             with open(digest_file, encoding="utf-8") as f:
                 expected = f.read()
         try:
-            net = Network(
-                path,
-                backend=args.backend,
-                intra_threads=args.threads,
-                max_batch=max_batch,
-                log=log,
-                expected_sha256=expected,
-                warmup_batch=1,
-                cuda_options=_cuda_options(args.cuda_option),
-            )
+            return Network(path, backend=backend, intra_threads=args.threads, max_batch=max_batch,
+                           log=log, expected_sha256=expected, warmup_batch=1, precision=precision,
+                           cuda_options=_cuda_options(args.cuda_option))
         except NetworkError as e:
             raise BenchError(str(e)) from None
-        networks.append((label, net))
+
+    # Which side of the machine is timed: one load of the fp32 file on --backend tells.
+    cpu = False
+    if not args.net:
+        from engine.weights import default_weights_path
+
+        probe = load(default_weights_path(), args.backend, None)
+        cpu = probe.provider in (CPU, OPENVINO)
+        probe.close()
+    networks = [(label, load(path, backend, precision))
+                for label, path, backend, precision in _nn_networks(args, cpu)]
     if networks[0][0] is None:
         # --net files: by variant (fp32, fp16, int8) where those tell them apart, else by file name
         variants = [net.variant for _, net in networks]
@@ -643,22 +697,30 @@ def bench_nn(args: argparse.Namespace) -> int:
     )
     labels = [label for label, _ in networks]
     first = networks[0][1]
-    has_ratio = "fp32" in labels and "int8" in labels
+    # The ratio column: each network over the first (today's Backend=cpu on a CPU), or int8
+    # over fp32 (a GPU's variants).
+    if cpu and len(labels) > 1:
+        base, ratio_of = labels[0], labels[1:]
+    elif "fp32" in labels and "int8" in labels:
+        base, ratio_of = "fp32", ["int8"]
+    elif len(labels) == 2:   # two files side by side (e.g. an lc0 file and lc0's own export)
+        base, ratio_of = labels[1], [labels[0]]
+    else:
+        base, ratio_of = None, []
+    machine = processor.describe()
     if not args.json:
         threads = args.threads if args.threads else "default"
-        print(f"provider: {first.provider}, intra-op threads: {threads}, inputs: {inputs}")
+        print(f"machine: {machine}; threads: {threads}; inputs: {inputs}")
         for label, net in networks:
-            print(f"  {label:<6} {net.description}")
+            print(f"  {label:<14} {net.description}")
         print()
         header = f"{'batch':>6}" + "".join(f"{label + ' pos/s':>{_width(label)}}" for label in labels)
-        if has_ratio:
-            header += f"{'int8/fp32':>11}"
-        elif len(labels) == 2:   # two files side by side (e.g. an lc0 file and lc0's own export)
-            header += f"{'ratio':>8}"
+        header += "".join(f"{r.split()[-1] + '/' + base.split()[-1] if cpu else r + '/' + base:>{_width(r) - 4}}"
+                          for r in ratio_of)
         print(header, flush=True)
 
     results: dict[str, dict] = {label: {} for label in labels}
-    # Batch by batch, the variants alternating: drifts in machine load hit all of them alike.
+    # Batch by batch, the networks alternating: drifts in machine load hit all of them alike.
     for batch in batches:
         planes = np.ascontiguousarray(planes_all[:batch])
         for label, measured in _time_batch(networks, planes, outputs, args.seconds).items():
@@ -667,26 +729,33 @@ def bench_nn(args: argparse.Namespace) -> int:
             row = f"{batch:>6}" + "".join(
                 f"{_fmt_int(results[l][batch]['pps']):>{_width(l)}}" for l in labels
             )
-            if has_ratio:
-                row += f"{results['int8'][batch]['pps'] / results['fp32'][batch]['pps']:>10.2f}x"
-            elif len(labels) == 2:
-                row += f"{results[labels[0]][batch]['pps'] / results[labels[1]][batch]['pps']:>7.2f}x"
+            row += "".join(f"{results[r][batch]['pps'] / results[base][batch]['pps']:>{_width(r) - 5}.2f}x"
+                           for r in ratio_of)
             print(row, flush=True)
 
     variants = {}
     for label, net in networks:
         per_batch = results[label]
         best = max(per_batch, key=lambda b: per_batch[b]["pps"])
+        macs = macs_per_position(net.path)
+        arithmetic = "bf16" if net.precision == "bf16" else ("int8" if net.precision == "int8" else "fp32")
+        peak = processor.peak_macs(arithmetic) if net.provider in (CPU, OPENVINO) else None
+        threads_used = args.threads or 1
         variants[label] = {
             "file": os.path.basename(net.path),
             "sha256": net.sha256,
             "variant": net.variant,
+            "precision": net.precision,
             "provider": net.provider,
             "description": net.description,
             "positions_per_second": {str(b): round(m["pps"], 1) for b, m in per_batch.items()},
             "runs": {str(b): m["runs"] for b, m in per_batch.items()},
             "best_batch": best,
             "best_positions_per_second": round(per_batch[best]["pps"], 1),
+            "macs_per_position": macs,
+            # of the cores' nominal peak for this arithmetic (engine/processor.py), at the best batch
+            "share_of_peak": round(per_batch[best]["pps"] * macs / (peak * threads_used), 3)
+            if macs and peak else None,
         }
 
     def speedup(a: str, b: str):
@@ -698,6 +767,7 @@ def bench_nn(args: argparse.Namespace) -> int:
 
     int8_speedup, int8_by_batch = speedup("int8", "fp32")
     fp16_speedup, fp16_by_batch = speedup("fp16", "fp32")
+    over_base = {r: dict(zip(("best", "by_batch"), speedup(r, base))) for r in ratio_of} if cpu else {}
     import onnxruntime
 
     summary = {
@@ -713,11 +783,17 @@ def bench_nn(args: argparse.Namespace) -> int:
         "int8_speedup_by_batch": int8_by_batch,
         "fp16_speedup": fp16_speedup,
         "fp16_speedup_by_batch": fp16_by_batch,
+        "baseline": base if cpu else None,
+        "speedup_over_baseline": over_base,
         "wall_seconds": round(time.perf_counter() - started, 3),
         "environment": {
             **_environment(),
             "onnxruntime_version": onnxruntime.__version__,
+            "openvino_version": _openvino_version(),
             "cpu_count": os.cpu_count(),
+            "processor": machine,
+            "vector_isa": processor.vector_isa(),
+            "clock_ghz": processor.clock_ghz(),
         },
     }
     if args.json:
@@ -726,9 +802,12 @@ def bench_nn(args: argparse.Namespace) -> int:
     print()
     for label in labels:
         v = variants[label]
-        print(
-            f"best {label}: {_fmt_int(v['best_positions_per_second'])} pos/s at batch {v['best_batch']}"
-        )
+        share = f", {v['share_of_peak']:.0%} of the nominal {v['precision'] if v['precision'] in ('int8', 'bf16') else 'fp32'} " \
+                f"peak ({v['macs_per_position'] / 1e6:.1f}M MACs a position)" if v["share_of_peak"] else ""
+        print(f"best {label}: {_fmt_int(v['best_positions_per_second'])} pos/s at batch {v['best_batch']}{share}")
+    for r, ratio in over_base.items():
+        print(f"{r} over {base}: {ratio['best']:.2f}x at the best batch sizes, "
+              f"{ratio['by_batch'].get('8', float('nan')):.2f}x at batch 8 (the search's)")
     for name, value, by_batch in (
         ("int8", int8_speedup, int8_by_batch),
         ("fp16", fp16_speedup, fp16_by_batch),
@@ -739,11 +818,23 @@ def bench_nn(args: argparse.Namespace) -> int:
                 f"{name} over fp32 on {_LABEL_OF.get(first.provider, first.provider)}: "
                 f"{value:.2f}x at the best batch sizes{slower}"
             )
+    if cpu:
+        print("peak: the processor's instruction set at its clock, two vector ports a core "
+              "(engine/processor.py); AVX-512 on 256-bit units (AMD Zen 4) reaches half of it")
     print(f"{summary['wall_seconds']:.1f} s")
     return 0
 
 
+def _openvino_version() -> str | None:
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino.__version__
+
+
 _LABEL_OF = {
+    "OpenVINO": "OpenVINO",
     "CPUExecutionProvider": "CPU",
     "CUDAExecutionProvider": "CUDA",
     "TensorrtExecutionProvider": "TensorRT",
@@ -1089,7 +1180,7 @@ def _add_uci_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--movetimes", type=_batch_list, default=UCI_MOVETIMES, metavar="MS,MS,...",
                         help="go movetime values, used in turn (default "
                         + ",".join(map(str, UCI_MOVETIMES)) + ")")
-    parser.add_argument("--backend", choices=("auto", "cpu", "cuda", "tensorrt"), default="cpu",
+    parser.add_argument("--backend", choices=BACKENDS, default="cpu",
                         help="the engine's Backend option (default cpu)")
     parser.add_argument("--threads", type=int, default=None, metavar="T",
                         help="the engine's Threads option (default: its own default)")
@@ -1241,10 +1332,17 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=0, metavar="B",
                         help="MinibatchSize of the search (default 0: the backend's choice, as the UCI "
                              "engine plays)")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "tensorrt"),
-                        help="ONNX Runtime backend (default auto)")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="backend (default auto, as the engine chooses)")
     parser.add_argument("--net", default=None, metavar="PATH",
-                        help="network to use (default: the bundled default.onnx)")
+                        help="network to use (default: the bundled network, in the file the engine "
+                             "loads for the backend it lands on)")
+    parser.add_argument("--threads", type=int, default=None, metavar="T",
+                        help="the runtime's threads, as the UCI option Threads (default: the runtime's own)")
+    parser.add_argument("--baseline", default="cpu", choices=BACKENDS + ("none",),
+                        help="after the measurement, the engine's nodes/s on this backend and on "
+                             "--backend side by side (default cpu: ONNX Runtime's CPU path, today's "
+                             "Backend=cpu; none: skip; skipped when both land on the same runtime)")
     _simulate_gpu_argument(parser)
 
 
@@ -1263,6 +1361,7 @@ class _CountingNetwork:
         self.net = net
         self.provider = net.provider
         self.batch_sizes = net.batch_sizes   # the search sizes its batches by these
+        self.gpu = getattr(net, "gpu", None)
         self.positions = 0
         self.calls = 0
         self.seconds = 0.0
@@ -1389,7 +1488,7 @@ def bench_search(args: argparse.Namespace) -> int:
 
         net, _ = simulated_network(args.net, log=notes.append, **options)
     else:
-        net = Network(args.net or default_weights_path(), backend=args.backend, log=notes.append, **options)
+        net = _engine_network(args.net, args.backend, args.threads, options, notes.append)
     counted = _CountingNetwork(net)
     # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
     params = SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0)
@@ -1458,8 +1557,17 @@ def bench_search(args: argparse.Namespace) -> int:
     # The capacity of a short search: raw evaluate at the search's own batch, back to back.
     raw_batch = _replay(net, [batch] * 8, planes, outputs)
     short = _short_movetime(counted, 8 * batch / raw_batch)
+    baseline = None
+    if args.baseline != "none" and not args.simulate_gpu:
+        other = _engine_network(args.net, args.baseline, args.threads, options, notes.append)
+        if (other.provider, other.path) != (net.provider, net.path):
+            baseline = _versus_baseline(net, other, params, half)
+        other.close()
     summary = {
         "benchmark": "search",
+        "baseline": baseline,
+        "processor": processor.describe(),
+        "threads": args.threads,
         "efficiency": modes[uci_mode]["efficiency"],
         "search_nodes_per_s": modes[uci_mode]["search_nodes_per_s"],
         "raw_positions_per_s": modes[uci_mode]["raw_positions_per_s"],
@@ -1492,8 +1600,46 @@ def bench_search(args: argparse.Namespace) -> int:
           f"{short['move_overhead_ms']} ms: {short['budget_ms']} ms to search): median "
           f"{_fmt_int(short['median_nodes'])} nodes of {_fmt_int(short['raw_capacity'])} = "
           f"{short['ratio']:.0%} (target >= 50%); all {short['nodes']}")
+    if baseline:
+        print()
+        print(f"the engine's nodes/s, {baseline['network']} against {baseline['baseline_network']}, "
+              f"alternating over the same positions: {_fmt_int(baseline['search_nodes_per_s'])} against "
+              f"{_fmt_int(baseline['baseline_nodes_per_s'])} = {baseline['ratio']:.2f}x")
+    print(f"machine: {summary['processor']}; threads: {args.threads or 'the runtime default'}")
     print(f"{summary['wall_seconds']:.1f} s")
     return 0
+
+
+def _engine_network(path: str | None, backend: str, threads: int | None, options: dict, log):
+    """The network as the engine loads it: the bundled one in the file for the runtime it lands
+    on (``engine.weights.NetworkBuilder``), or ``path``."""
+    from engine.weights import NetworkBuilder, resolve_weights
+
+    builder = NetworkBuilder(backend=backend, threads=threads, options=options, log=log)
+    return builder.load_weights_file(resolve_weights(path)).network
+
+
+def _versus_baseline(net, other, params, seconds: float) -> dict:
+    """Nodes/s of the UCI search (one batch in flight, as on a CPU) on ``net`` and on ``other``,
+    alternating over the same positions, and their ratio."""
+    from engine.search import Searcher
+    from engine.timeman import TimeManager
+
+    totals = {}
+    for label, network in (("net", net), ("other", other)):
+        totals[label] = [Searcher(lambda network=network: network, params, TimeManager(safety_ms=0),
+                                  pipeline=False), 0, 0.0]
+    for _ in range(2):
+        for _, fen in TREE_POSITIONS:
+            for label in ("net", "other"):
+                searcher, _, _ = totals[label]
+                nodes, secs, _ = _timed_search(searcher, fen, seconds)
+                totals[label][1] += nodes
+                totals[label][2] += secs
+    nps = {label: nodes / secs for label, (_, nodes, secs) in totals.items()}
+    return {"network": net.description, "baseline_network": other.description,
+            "search_nodes_per_s": round(nps["net"], 1), "baseline_nodes_per_s": round(nps["other"], 1),
+            "ratio": round(nps["net"] / nps["other"], 3)}
 
 
 # --------------------------------------------------------------------------- mates
