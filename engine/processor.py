@@ -31,7 +31,7 @@ import functools
 import os
 import platform
 
-__all__ = ["features", "vector_isa", "native_bf16", "has_amx", "clock_ghz", "peak_macs", "describe"]
+__all__ = ["cpuinfo_flags", "isa_cap", "features", "vector_isa", "native_bf16", "has_amx", "clock_ghz", "peak_macs", "describe"]
 
 # MACs a cycle a core, per instruction set and arithmetic (see the module doc).
 _PEAK_PER_CYCLE = {
@@ -44,10 +44,20 @@ _PEAK_PER_CYCLE = {
 _BF16_PER_CYCLE = 64  # AVX-512 BF16 (VDPBF16PS zmm), on a core without AMX
 
 
+# What oneDNN's ONEDNN_MAX_CPU_ISA cap (which OpenVINO honours) takes away, narrowest first.
+_CAPS = (
+    ("AVX2", ("avx512", "amx", "avx_vnni")),
+    ("AVX2_VNNI", ("avx512", "amx")),
+    ("AVX512_CORE", ("avx512_vnni", "avx512_bf16", "amx")),
+    ("AVX512_CORE_VNNI", ("avx512_bf16", "amx")),
+    ("AVX512_CORE_BF16", ("amx",)),
+)
+
+
 @functools.lru_cache(maxsize=1)
-def features() -> frozenset[str]:
+def cpuinfo_flags() -> frozenset[str]:
     """The processor's flags as Linux names them (``avx2``, ``avx512_vnni``, ``amx_bf16``...);
-    empty where ``/proc/cpuinfo`` does not say."""
+    empty where ``/proc/cpuinfo`` does not say. ONNX Runtime's CPU path uses all of them."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -56,6 +66,23 @@ def features() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def isa_cap() -> str:
+    """``ONEDNN_MAX_CPU_ISA`` where it is set to a cap this module knows, else ``""``."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return cap if any(cap == name for name, _ in _CAPS) else ""
+
+
+def features() -> frozenset[str]:
+    """:func:`cpuinfo_flags` less what ``ONEDNN_MAX_CPU_ISA`` caps away: the instruction sets
+    OpenVINO may use, so that a narrower machine can be measured on a wider one, the choices
+    following the cap (ONNX Runtime's CPU path knows no such cap)."""
+    flags, cap = cpuinfo_flags(), isa_cap()
+    for name, removed in _CAPS:
+        if cap == name:
+            flags = frozenset(f for f in flags if not f.startswith(removed))
+    return flags
 
 
 def has_amx(flags: frozenset[str] | None = None) -> bool:
@@ -123,8 +150,10 @@ def peak_macs(arithmetic: str, flags: frozenset[str] | None = None,
 
 
 def describe(flags: frozenset[str] | None = None) -> str:
-    """One line for a figure's machine: ``x86_64 AVX-512 VNNI, AVX-512 BF16, 2 cores at 2.6 GHz``."""
-    flags = features() if flags is None else flags
+    """One line for a figure's machine: ``x86_64 AVX-512 VNNI, AVX-512 BF16, 2 cores at 2.6 GHz``
+    (and, under a cap, ``; OpenVINO held to AVX2``)."""
+    capped = flags is None and isa_cap()
+    flags = cpuinfo_flags() if flags is None else flags
     parts = [vector_isa(flags)]
     if native_bf16(flags) and not has_amx(flags):
         parts.append("AVX-512 BF16")
@@ -133,4 +162,5 @@ def describe(flags: frozenset[str] | None = None) -> str:
     ghz = clock_ghz()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     clock = f" at {ghz:.1f} GHz" if ghz else ""
-    return f"{platform.machine()} {', '.join(parts)}, {cores} cores{clock}"
+    held = f"; OpenVINO held to {vector_isa()} (ONEDNN_MAX_CPU_ISA)" if capped else ""
+    return f"{platform.machine()} {', '.join(parts)}, {cores} cores{clock}{held}"

@@ -184,3 +184,33 @@ def test_macs_per_position_counts_what_pytorch_multiplies():
                for m in net.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
     assert macs_per_position(f"{NETS}/default.onnx") == want
     assert macs_per_position(f"{NETS}/default.int8.onnx") == want
+
+
+@pytest.mark.parametrize("cap, isa, bf16", [("AVX2", "AVX2", False), ("AVX512_CORE_VNNI", "AVX-512 VNNI", False),
+                                            ("AVX512_CORE_BF16", "AVX-512 VNNI", True)])
+def test_a_onednn_cap_narrows_the_flags_the_choice_reads(monkeypatch, cap, isa, bf16):
+    """ONEDNN_MAX_CPU_ISA holds OpenVINO to a narrower instruction set: the choice follows it, so
+    a narrower machine is measured as it would run (docs/cpu.md)."""
+    monkeypatch.setattr("builtins.open", _cpuinfo_with(AMX | {"avx_vnni"}))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    processor.cpuinfo_flags.cache_clear()
+    try:
+        assert processor.vector_isa() == isa and processor.native_bf16() == bf16
+        assert processor.vector_isa(processor.cpuinfo_flags()) == "AMX"   # ONNX Runtime's: all of them
+    finally:
+        monkeypatch.undo()
+        processor.cpuinfo_flags.cache_clear()
+
+
+def _cpuinfo_with(flags):
+    import builtins
+    import io
+
+    real_open = builtins.open
+
+    def fake(path, *args, **kwargs):
+        if path == "/proc/cpuinfo":
+            return io.StringIO("processor\t: 0\nflags\t\t: " + " ".join(sorted(flags)) + "\n")
+        return real_open(path, *args, **kwargs)
+
+    return fake
