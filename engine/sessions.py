@@ -422,11 +422,38 @@ def _openvino():
                 "cyzero", "openvino")
             try:
                 os.makedirs(cache, exist_ok=True)
+                _prune_cache(cache, OPENVINO_CACHE_BYTES)
                 core.set_property({"CACHE_DIR": cache})
             except (OSError, RuntimeError):
                 pass  # no cache: every load compiles
             _openvino_core = core
         return _openvino_core
+
+
+#: The most OpenVINO's cache keeps (about 3 MB a batch size of a 10x64): a training run's
+#: workers load a new network every generation, and each would stay cached for good.
+OPENVINO_CACHE_BYTES = 256 << 20
+
+
+def _prune_cache(folder: str, limit: int) -> None:
+    """Delete the least recently written files of ``folder`` until it holds at most ``limit`` bytes."""
+    entries = []
+    for entry in os.scandir(folder):
+        try:
+            if entry.is_file(follow_symlinks=False):
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry.path))
+        except OSError:
+            continue
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        try:
+            os.remove(path)
+            total -= size
+        except OSError:
+            pass
 
 
 def openvino_precision(quantized: bool, flags: Optional[frozenset] = None) -> tuple[str, str]:

@@ -10,6 +10,7 @@ CPU default before OpenVINO), bf16 several times tighter, fp32 exact to rounding
 from __future__ import annotations
 
 import copy
+import os
 import threading
 
 import numpy as np
@@ -214,3 +215,14 @@ def _cpuinfo_with(flags):
         return real_open(path, *args, **kwargs)
 
     return fake
+
+
+def test_openvinos_cache_is_kept_to_its_size_oldest_first(tmp_path):
+    from engine.sessions import _prune_cache
+
+    for i, size in enumerate((400, 300, 200, 100)):
+        path = tmp_path / f"{i}.blob"
+        path.write_bytes(b"x" * size)
+        os.utime(path, (1000 + i, 1000 + i))
+    _prune_cache(str(tmp_path), 350)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2.blob", "3.blob"]
