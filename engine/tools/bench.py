@@ -15,14 +15,15 @@ Registered so far:
     counts, so the bench never reports a speed for a wrong move generator.
 
 ``nn``
-    the network through ``engine.network`` (ONNX Runtime), like lc0's
-    ``backendbench``: positions/s at batch sizes 1 to 256 for the bundled
-    network and each bundled export variant that is there (fp32
-    ``default.onnx``, ``default.fp16.onnx``, and ``default.int8.onnx`` where
-    one is put beside them: none is shipped), measured batch by batch with
-    the variants alternating in short rounds, and the speed-up of int8 and
-    fp16 over fp32 in the same run: at each batch size and at each variant's
-    best batch size.  ``--net PATH`` times other files instead.
+    the network through ``engine.network``, like lc0's ``backendbench``:
+    positions/s at batch sizes 1 to 256, the networks alternating in short
+    rounds. On a CPU, every runtime and precision the engine can run the
+    bundled network in (:data:`NN_CPU_RUNTIMES`: ONNX Runtime fp32 and int8,
+    OpenVINO int8, bf16 and fp32), each as a share of the core's nominal peak
+    for its arithmetic (``engine.processor``) and as a ratio over ``cpu int8``,
+    today's ``Backend=cpu``; on a GPU, the bundled export variants (fp32,
+    fp16, int8) and their speed-ups over fp32. ``--net PATH`` times other
+    files instead.
 
 ``tree``
     playouts/s of the Cython MCTS (``engine.tree``) against a plain-Python
@@ -41,7 +42,9 @@ Registered so far:
     the same batch size, alternating in one run, with one batch and with two
     batches in flight; ``efficiency`` is their ratio, and bytes per node of
     the trees built. Then ``go movetime 200`` with the UCI defaults: median
-    nodes against what raw evaluate could do in its time (target >= 50 %).
+    nodes against what raw evaluate could do in its time (target >= 50 %); then
+    the engine's nodes/s on ``--backend`` and on ``--baseline`` (default ``cpu``),
+    alternating over the same positions.
 
 ``uci``
     protocol latencies over pipes, as a GUI sees them, on real engine
