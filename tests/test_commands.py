@@ -284,3 +284,29 @@ def test_train_bench_bootstrap(tmp_path, torch_installed):
     rows = re.findall(r"depth +(\d+) +MultiPV (\d+) +([\d.]+) ms a position +\(([\d,]+) positions\)", out)
     assert [(int(d), int(k)) for d, k, _, _ in rows] == [(4, 1), (6, 1), (6, 4), (8, 1), (8, 4), (8, 8)], out
     assert all(float(ms) > 0 and int(n.replace(",", "")) > 0 for _, _, ms, n in rows), out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_typed_at_a_terminal_the_engine_says_on_stderr_that_it_is_ready(terminal):
+    """`make engine` in a terminal waits for UCI after the build: one line on stderr says so.
+    From a GUI's pipe, stderr stays silent; stdout carries nothing but UCI either way."""
+    import pty
+
+    from uci.__main__ import TERMINAL_HINT
+
+    if terminal:
+        master, slave = pty.openpty()
+        stdin = slave
+    else:
+        stdin = subprocess.PIPE
+    engine = subprocess.Popen([sys.executable, "-m", "uci"], stdin=stdin, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    if terminal:
+        os.close(slave)
+        os.write(master, b"quit\n")
+        out, err = engine.communicate(timeout=60)
+        os.close(master)
+    else:
+        out, err = engine.communicate("quit\n", timeout=60)
+    assert engine.returncode == 0 and out == ""
+    assert err == (TERMINAL_HINT + "\n" if terminal else ""), err

@@ -16,6 +16,17 @@ from uci.session import run
 SWITCH_INTERVAL_S = 0.0001
 
 
+TERMINAL_HINT = ("cyzero is ready and speaks UCI: type `uci`, `isready`, `position startpos`, "
+                 "`go movetime 1000`; `quit` ends it. A chess GUI runs it as .venv/bin/cyzero.")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def main(argv=None) -> int:
     """Run the UCI front end; returns the process exit code."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -27,6 +38,10 @@ def main(argv=None) -> int:
             stream.reconfigure(errors=errors)
         except (AttributeError, ValueError, OSError):
             pass
+    if _is_terminal(sys.stdin):
+        # Typed at a terminal (`make engine`), the engine otherwise waits in silence after the
+        # build and looks hung. stderr: stdout carries nothing but UCI.
+        print(TERMINAL_HINT, file=sys.stderr, flush=True)
     code = run()
     if threading.active_count() > 1:
         # A search or a network load may still be inside ONNX Runtime on a daemon thread;
