@@ -101,9 +101,11 @@ from engine.sessions import (
     LABEL,
     OPENVINO,
     TENSORRT,
+    FixedSizeError,
     NetworkError,
     SessionFactory,
     available_providers,
+    make_sizes,
     open_session,
     short_ort_message,
 )
@@ -367,28 +369,16 @@ class Network:
         return data
 
     def _make_sessions(self, data: bytes) -> dict[int, object]:
-        """One session per fixed batch size, on the provider the first one got. OpenVINO's are
-        compiled side by side (each takes a core for up to a second); a GPU's one by one."""
-        dim = self._batch_dim
-        sessions = {self.batch_sizes[-1]: self._session}
-
-        def make(size: int):
-            try:
-                return self._factory.make(data, self.provider, size, dim)
-            except Exception as e:  # noqa: BLE001 - e.g. out of GPU memory
-                raise NetworkError(
-                    f"{self.name}: cannot make the batch-{size} session on "
-                    f"{LABEL[self.provider]}: {short_ort_message(e)}"
-                ) from None
-
+        """One session per fixed batch size, on the provider the first one got."""
         rest = self.batch_sizes[:-1]
-        if self.provider == OPENVINO and len(rest) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max(1, min(len(rest), os.cpu_count() or 1))) as pool:
-                made = list(pool.map(make, rest))
-        else:
-            made = [make(size) for size in rest]
+        try:
+            made = make_sizes(self._factory, data, self.provider, rest, self._batch_dim)
+        except FixedSizeError as e:
+            raise NetworkError(
+                f"{self.name}: cannot make the batch-{e.size} session on "
+                f"{LABEL[self.provider]}: {short_ort_message(e.error)}"
+            ) from None
+        sessions = {self.batch_sizes[-1]: self._session}
         for size, session in zip(rest, made):
             if session.providers[0] != self.provider:
                 raise NetworkError(

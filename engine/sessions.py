@@ -8,6 +8,7 @@ under the real ``Network``. A factory has::
     factory.make(data, provider, batch=None, batch_dim=None) -> session
     factory.listed() -> providers listed; factory.prepare_gpu(); factory.why_failed(provider, error) -> str
     factory.openvino_missing() -> None, or why OpenVINO cannot be used here
+    factory.make_many(data, provider, sizes, batch_dim=None) -> sessions (optional: make_sizes)
 
 ``provider`` is the one wanted (TensorRT, CUDA, OpenVINO or CPU); ``batch`` asks for a
 session that will only ever see that batch size (on TensorRT its optimisation
@@ -320,7 +321,7 @@ class SessionFactory:
     def make(self, data: bytes, provider: str, batch: Optional[int] = None,
              batch_dim: Optional[str] = None):
         if provider == OPENVINO:
-            return make_openvino_session(data, batch or 1, self.intra_threads, self.precision)
+            return _OpenVinoSource(data, self.precision).compile(batch or 1, self.intra_threads)
         ort = _ort()
         options = self._session_options()
         if batch is not None and batch_dim:
@@ -334,6 +335,18 @@ class SessionFactory:
             providers = [CPU]
         # enable_fallback=0: ONNX Runtime's own fallback prints a banner to stdout (the UCI channel).
         return OrtSession(ort.InferenceSession(data, options, providers=providers, enable_fallback=0))
+
+    def make_many(self, data: bytes, provider: str, sizes, batch_dim: Optional[str] = None) -> list:
+        """:func:`make_sizes`: OpenVINO reads the file once and compiles the sizes side by side
+        (each takes a core for up to a second); a GPU's sessions are made one by one."""
+        if provider != OPENVINO:
+            return _each_size(sizes, lambda n: self.make(data, provider, n, batch_dim))
+        source = _OpenVinoSource(data, self.precision)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, min(len(sizes), os.cpu_count() or 1))) as pool:
+            return pool.map(lambda n: _each_size([n], lambda m: source.compile(m, self.intra_threads))[0],
+                            sizes)
 
     def _session_options(self):
         ort = _ort()
@@ -485,76 +498,114 @@ class OpenVinoSession:
     """One network compiled by OpenVINO for the CPU at one batch size, behind ``Network``'s
     session interface. Each calling thread has its own infer request; ``infer`` releases the GIL."""
 
-    def __init__(self, compiled, proto, precision: str, reason: str, dynamic_inputs) -> None:
+    def __init__(self, compiled, metadata: dict, producer: str, precision: str, reason: str,
+                 dynamic_inputs) -> None:
+        import openvino
+
         self._compiled = compiled
+        self._tensor = openvino.Tensor
         self.providers = [OPENVINO]
         self.precision = precision
         self.reason = reason
         self.inputs = dynamic_inputs
         self.outputs = [_Port(p) for p in compiled.outputs]
-        self.metadata = {p.key: p.value for p in proto.metadata_props}
-        self.producer = proto.producer_name or ""
+        self.metadata = metadata
+        self.producer = producer
         self._requests = threading.local()
 
     def run_into(self, planes: np.ndarray, targets: list[tuple[str, np.ndarray]]) -> None:
-        import openvino
-
         request = getattr(self._requests, "request", None)
         if request is None:
             request = self._requests.request = self._compiled.create_infer_request()
-        request.set_input_tensor(openvino.Tensor(planes, shared_memory=True))
+        request.set_input_tensor(self._tensor(planes, shared_memory=True))
         for name, buffer in targets:
-            request.set_tensor(name, openvino.Tensor(buffer, shared_memory=True))
+            request.set_tensor(name, self._tensor(buffer, shared_memory=True))
         request.infer()
 
 
-def make_openvino_session(data: bytes, batch: int, threads: int,
-                          precision: Optional[str] = None) -> OpenVinoSession:
-    """``data`` (ONNX bytes) compiled for OpenVINO's CPU plugin at batch ``batch`` with
-    ``threads`` threads (0: its default), in ``precision`` (default :func:`openvino_precision`)."""
-    import onnx
+class _OpenVinoSource:
+    """A network file read once for OpenVINO: its metadata, the arithmetic it will run in, and
+    OpenVINO's model, which each batch size clones, fixes and compiles (:meth:`compile`)."""
 
-    proto = onnx.load_model_from_string(data)
-    quantized = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
-    chosen, reason = openvino_precision(quantized)
-    if precision is not None and precision != chosen:
-        if precision not in ("fp32", "bf16") or quantized:
-            raise ValueError(f"OpenVINO runs a float file in fp32 or bf16 and a quantized one as it is, "
-                             f"not {precision!r}")
-        chosen, reason = precision, "asked for"
-    core = _openvino()
-    model = core.read_model(data)
-    ports = [_Port(p) for p in model.inputs]
-    if len(model.inputs) == 1:
-        shape = model.inputs[0].get_partial_shape()
-        if shape.rank.is_static and shape.rank.get_length() >= 1:
-            shape[0] = batch
-            model.reshape({model.inputs[0]: shape})
-    config = {
-        "INFERENCE_NUM_THREADS": int(threads or 0),
-        "NUM_STREAMS": 1,
-        "PERFORMANCE_HINT": "LATENCY",
-        "ENABLE_CPU_PINNING": False,   # the search thread shares these cores
-        # An int8 file's float parts run in float32: OpenVINO's default there (bfloat16 where
-        # the processor has it) was 14% faster but moved the largest W-L error on real positions
-        # from 0.253 to 0.279, past the int8 file on ONNX Runtime (docs/cpu.md, "Precision").
-        "INFERENCE_PRECISION_HINT": "bf16" if chosen == "bf16" else "f32",
-    }
-    # OpenVINO 2026.4's fused-subgraph JIT ("snippets") compiles no Mish (lc0's newer networks):
-    # "Supported precisions set is not available for Mish operation". Without it, it does.
-    attempts = [config, {**config, "SNIPPETS_MODE": "DISABLE"}]
-    if chosen == "bf16" and precision is None:
-        attempts += [{**c, "INFERENCE_PRECISION_HINT": "f32"} for c in attempts]
-    for i, attempt in enumerate(attempts):
+    def __init__(self, data: bytes, precision: Optional[str] = None) -> None:
+        import onnx
+
+        proto = onnx.load_model_from_string(data)
+        self.metadata = {p.key: p.value for p in proto.metadata_props}
+        self.producer = proto.producer_name or ""
+        quantized = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
+        self.precision, self.reason = openvino_precision(quantized)
+        self.asked = precision
+        if precision is not None and precision != self.precision:
+            if precision not in ("fp32", "bf16") or quantized:
+                raise ValueError(f"OpenVINO runs a float file in fp32 or bf16 and a quantized one as it is, "
+                                 f"not {precision!r}")
+            self.precision, self.reason = precision, "asked for"
+        self.model = _openvino().read_model(data)
+        self.ports = [_Port(p) for p in self.model.inputs]
+
+    def compile(self, batch: int, threads: int) -> OpenVinoSession:
+        """The network compiled at batch ``batch`` with ``threads`` threads (0: OpenVINO's default)."""
+        model = self.model.clone()
+        if len(model.inputs) == 1:
+            shape = model.inputs[0].get_partial_shape()
+            if shape.rank.is_static and shape.rank.get_length() >= 1:
+                shape[0] = batch
+                model.reshape({model.inputs[0]: shape})
+        chosen, reason = self.precision, self.reason
+        config = {
+            "INFERENCE_NUM_THREADS": int(threads or 0),
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+            "ENABLE_CPU_PINNING": False,   # the search thread shares these cores
+            # An int8 file's float parts run in float32: OpenVINO's default there (bfloat16 where
+            # the processor has it) was 14% faster but moved the largest W-L error on real positions
+            # from 0.253 to 0.279, past the int8 file on ONNX Runtime (docs/cpu.md, "Precision").
+            "INFERENCE_PRECISION_HINT": "bf16" if chosen == "bf16" else "f32",
+        }
+        # OpenVINO 2026.4's fused-subgraph JIT ("snippets") compiles no Mish (lc0's newer networks):
+        # "Supported precisions set is not available for Mish operation". Without it, it does.
+        attempts = [config, {**config, "SNIPPETS_MODE": "DISABLE"}]
+        if chosen == "bf16" and self.asked is None:
+            attempts += [{**c, "INFERENCE_PRECISION_HINT": "f32"} for c in attempts]
+        for i, attempt in enumerate(attempts):
+            try:
+                compiled = _openvino().compile_model(model, "CPU", attempt)
+                break
+            except Exception as e:  # noqa: BLE001 - the next attempt, or the caller's fallback
+                if i == len(attempts) - 1:
+                    raise
+                if attempts[i + 1]["INFERENCE_PRECISION_HINT"] != attempt["INFERENCE_PRECISION_HINT"]:
+                    chosen, reason = "fp32", f"bfloat16 did not compile: {short_ort_message(e)[:80]}"
+        return OpenVinoSession(compiled, self.metadata, self.producer, chosen, reason, self.ports)
+
+
+class FixedSizeError(Exception):
+    """The session of one fixed batch size could not be made: ``size`` and the ``error``."""
+
+    def __init__(self, size: int, error: BaseException) -> None:
+        super().__init__(f"batch {size}: {error}")
+        self.size, self.error = size, error
+
+
+def _each_size(sizes, make: Callable[[int], object]) -> list:
+    """``make(size)`` for each size, a failure raised as :class:`FixedSizeError`."""
+    made = []
+    for size in sizes:
         try:
-            compiled = core.compile_model(model, "CPU", attempt)
-            break
-        except Exception as e:  # noqa: BLE001 - the next attempt, or the caller's fallback
-            if i == len(attempts) - 1:
-                raise
-            if attempts[i + 1]["INFERENCE_PRECISION_HINT"] != attempt["INFERENCE_PRECISION_HINT"]:
-                chosen, reason = "fp32", f"bfloat16 did not compile: {short_ort_message(e)[:80]}"
-    return OpenVinoSession(compiled, proto, chosen, reason, ports)
+            made.append(make(size))
+        except Exception as e:  # noqa: BLE001 - e.g. out of GPU memory
+            raise FixedSizeError(size, e) from None
+    return made
+
+
+def make_sizes(factory, data: bytes, provider: str, sizes, batch_dim: Optional[str] = None) -> list:
+    """``factory``'s session on ``provider`` for each of ``sizes`` (its ``make_many`` where it has
+    one); raises :class:`FixedSizeError` naming the size that failed."""
+    many = getattr(factory, "make_many", None)
+    if many is not None:
+        return list(many(data, provider, sizes, batch_dim))
+    return _each_size(sizes, lambda n: factory.make(data, provider, n, batch_dim))
 
 
 # --------------------------------------------------------------------------- provider choice
