@@ -115,3 +115,20 @@ def test_a_simulated_gpu_needs_no_cuda_for_self_play_but_the_learner_does(tmp_pa
                learner_devices="cuda:0").check_devices()
     with pytest.raises(ValueError, match="daemon.devices cuda:0: no CUDA device here"):
         Daemon(tmp_path, default_config().replace(daemon={"devices": "cuda:0"})).check_devices()
+
+
+def test_bootstrap_help_shows_the_teacher_defaults_the_labelling_uses(capsys):
+    """`bootstrap --help` names each teacher setting's default (issue 46), and they are the ones
+    trainer.bootstrap labels with when the option is left out."""
+    from trainer import bootstrap
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bootstrap", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "positions the run's store should hold in all; required, no default" in text
+    assert f"search depth per position (default {bootstrap.DEFAULT_DEPTH})" in text
+    assert f"moves scored per position (default {bootstrap.DEFAULT_MULTIPV})" in text
+    assert f"game length adjudicated a draw (default {bootstrap.DEFAULT_MAX_PLIES})" in text
+    assert "teacher processes (default: one per core" in text
+    assert "(default None)" not in text and "(default: None)" not in text

@@ -134,6 +134,7 @@ import numpy as np
 from engine.board import Board
 from trainer import usable_cores
 from trainer.atomic import atomic_write_text
+from trainer.config import TEACHER_DEFAULTS
 from trainer.records import RECORD_DTYPE, Eval, make_record
 
 __all__ = [
@@ -152,12 +153,12 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-DEFAULT_DEPTH = 6
-DEFAULT_MULTIPV = 1
-DEFAULT_TEMPERATURE = 50.0   # centipawns
-DEFAULT_RANDOM_MOVE_SHARE = 0.05
-DEFAULT_OPENING_PLIES = 8
-DEFAULT_MAX_PLIES = 300
+DEFAULT_DEPTH: int = TEACHER_DEFAULTS["depth"]
+DEFAULT_MULTIPV: int = TEACHER_DEFAULTS["multipv"]
+DEFAULT_TEMPERATURE: float = TEACHER_DEFAULTS["temperature"]   # centipawns
+DEFAULT_RANDOM_MOVE_SHARE: float = TEACHER_DEFAULTS["random_move_share"]
+DEFAULT_OPENING_PLIES: int = TEACHER_DEFAULTS["opening_plies"]
+DEFAULT_MAX_PLIES: int = TEACHER_DEFAULTS["max_plies"]
 DEFAULT_HASH_MB = 16
 DEFAULT_POSITIONS_PER_CHUNK = 4096
 DEFAULT_COMMIT_SECONDS = 60.0

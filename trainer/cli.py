@@ -17,7 +17,8 @@ import sys
 import warnings
 import zipfile
 
-from trainer import EXIT_WITH_PARENT_ENV
+from trainer import EXIT_WITH_PARENT_ENV, usable_cores
+from trainer.config import TEACHER_DEFAULTS
 
 TRAIN_EXTRA_HINT = (
     "install the training extra: pip install 'cyzero[train]'\n"
@@ -118,19 +119,26 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="teacher engine command (given bare: stockfish on PATH, or Debian's /usr/games/stockfish)")
     source.add_argument("--pgn", metavar="FILE", nargs="+", help="PGN files")
     source.add_argument("--lc0", metavar="FILE", nargs="+", help="lc0 training chunks (.gz) or .tar archives")
-    boot.add_argument("--positions", type=int, help="(--teacher) positions to reach in all")
-    boot.add_argument("--workers", type=int, default=None, help="(--teacher) teacher processes (default: cores)")
-    boot.add_argument("--depth", type=int, default=None, help="(--teacher) search depth per position")
-    boot.add_argument("--multipv", type=int, default=None, help="(--teacher) moves scored per position")
-    boot.add_argument("--temperature", type=float, default=None,
-                      help="(--teacher) MultiPV softmax temperature in centipawns")
-    boot.add_argument("--random-move-share", type=float, default=None,
-                      help="(--teacher) share of uniformly random moves after the opening")
-    boot.add_argument("--opening-plies", type=int, default=None,
-                      help="(--teacher) random opening plies: between half of this and this many")
-    boot.add_argument("--max-plies", type=int, default=None, help="(--teacher) game length adjudicated a draw")
+    teacher = TEACHER_DEFAULTS
+    boot.add_argument("--positions", type=int,
+                      help="(--teacher) positions the run's store should hold in all; required, no default")
+    boot.add_argument("--workers", type=int, default=None,
+                      help=f"(--teacher) teacher processes (default: one per core, {usable_cores()} here)")
+    boot.add_argument("--depth", type=int, default=teacher["depth"],
+                      help="(--teacher) search depth per position (default %(default)s)")
+    boot.add_argument("--multipv", type=int, default=teacher["multipv"],
+                      help="(--teacher) moves scored per position (default %(default)s)")
+    boot.add_argument("--temperature", type=float, default=teacher["temperature"],
+                      help="(--teacher) MultiPV softmax temperature in centipawns (default %(default)s)")
+    boot.add_argument("--random-move-share", type=float, default=teacher["random_move_share"],
+                      help="(--teacher) share of uniformly random moves after the opening (default %(default)s)")
+    boot.add_argument("--opening-plies", type=int, default=teacher["opening_plies"],
+                      help="(--teacher) random opening plies: between half of this and this many "
+                           "(default %(default)s)")
+    boot.add_argument("--max-plies", type=int, default=teacher["max_plies"],
+                      help="(--teacher) game length adjudicated a draw (default %(default)s)")
     boot.add_argument("--syzygy", metavar="DIR", default=None, help="(--teacher) Syzygy tablebases for adjudication")
-    boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed")
+    boot.add_argument("--seed", type=int, default=0, help="(--teacher) opening randomisation seed (default %(default)s)")
     boot.add_argument("--student", metavar="NET", default=None,
                       help="(--teacher) an ONNX network that plays one side of each game with its policy's "
                            "first choice, so that the teacher labels the positions the student's own moves "

@@ -36,8 +36,19 @@ __all__: Sequence[str] = [
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
     "markdown_table", "model_differences", "CONFIG_FILE", "EFFECTIVE_CONFIG_FILE", "load_run_config",
     "load_effective_config", "bundled_config", "bundled_config_names", "named_config_path", "load_named_config",
-    "window_size", "is_validation",
+    "window_size", "is_validation", "TEACHER_DEFAULTS",
 ]
+
+#: The teacher bootstrap's defaults (``cyzero-train bootstrap --teacher``): :mod:`trainer.bootstrap`
+#: uses them, and the CLI shows them in ``--help`` without importing it (chess, numpy, the engine).
+TEACHER_DEFAULTS: dict[str, Any] = {
+    "depth": 6,                  # search depth per position (trainer/bootstrap.py says why)
+    "multipv": 1,                # moves scored per position
+    "temperature": 50.0,         # MultiPV softmax temperature, centipawns
+    "random_move_share": 0.05,   # share of uniformly random moves after the opening
+    "opening_plies": 8,          # random opening plies: between half of this and this many
+    "max_plies": 300,            # a game this long is adjudicated a draw
+}
 
 #: the run's config, in the run directory: the user's file (the first start copies it there; never rewritten)
 CONFIG_FILE = "config.toml"
