@@ -1,5 +1,5 @@
 """The table of search parameters (``engine.params.SearchParams``) and everything that
-derives from it: its own checks, the UCI options, the tree's settings, the README."""
+derives from it: its own checks, the UCI options, the tree's settings, docs/engine.md."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from engine.params import SearchParams, markdown_table
 from engine.tree import Tree
 from uci.options import engine_options
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ENGINE_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "engine.md")
 ROWS = SearchParams.table()
 
 
-def test_the_readme_table_is_the_rendered_one():
-    with open(README, encoding="utf-8") as f:
+def test_the_engine_pages_table_is_the_rendered_one():
+    with open(ENGINE_PAGE, encoding="utf-8") as f:
         text = f.read()
     start, end = "<!-- params-table -->", "<!-- /params-table -->"
     assert text.count(start) == 1 and text.count(end) == 1
     block = text[text.index(start) + len(start): text.index(end)]
     assert block.strip() == markdown_table(), (
-        "README.md's search parameter table is stale: paste engine.params.markdown_table() "
+        "docs/engine.md's search parameter table is stale: paste engine.params.markdown_table() "
         "between its params-table markers"
     )
 
