@@ -593,3 +593,33 @@ def test_usable_cores_follows_the_affinity_so_taskset_sizes_the_workers():
             "from trainer import usable_cores; print(usable_cores())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "1"
+
+
+def test_games_are_held_out_for_validation_from_the_first_one_on(run_dir):
+    """Issue 46: a run's status said "0 held out for validation" for its first 10 minutes, because
+    whole chunks were held out by their names' hash and a young run has few. The daemon now holds
+    out games so that their share is replay.val_percent from the first game on, in chunks of
+    their own that every reader (learner, status) sees as held out."""
+    from trainer.config import is_validation
+
+    cfg = config()
+    percent = cfg.replay.val_percent
+    assert percent == 5.0
+    games = [game(0, n=10) for _ in range(60)]
+    with Running(run_dir, cfg) as running, Client(running.info["endpoint"]) as client:
+        client.register()
+        client.send(games[0])
+        assert client.expect(wire.Ack).game_ids == (games[0].game_id,)
+        first = manifest_adds(run_dir)
+        assert len(first) == 1 and is_validation(first[0]["name"], percent)  # the very first game
+        for g in games[1:]:
+            client.send(g)
+        acked = set()
+        while len(acked) < len(games) - 1:
+            acked.update(client.expect(wire.Ack).game_ids)
+    adds = manifest_adds(run_dir)
+    held = sum(a["positions"] for a in adds if is_validation(a["name"], percent))
+    total = sum(a["positions"] for a in adds)
+    assert total == 600 and sorted(stored_ids(run_dir)) == sorted(g.game_id for g in games)
+    assert percent / 100 * total <= held <= percent / 100 * total + 10  # 5%, at most one game over
+    assert any(not is_validation(a["name"], percent) for a in adds)

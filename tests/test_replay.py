@@ -238,6 +238,31 @@ def test_validation_chunks_are_held_out(tmp_path, monkeypatch):
     assert np.array_equal(_ids(validation_batch(store, window, 25, seed=3)), _ids(val))   # fixed
 
 
+def test_held_out_games_keep_their_share_from_the_first_game_and_name_their_chunks_so(tmp_path):
+    """Issue 46: a young run held nothing out (5% of whole chunks by their names' hash). hold_out
+    holds out the first game and then keeps the held-out share at val_percent; append_games names
+    such a chunk so that is_validation, which every reader uses, agrees with the choice."""
+    assert replay.hold_out([70], 0, 0, 5.0) == [True]            # the first game of a run
+    flags = replay.hold_out([70] * 100, 0, 0, 5.0)
+    held = 70 * sum(flags)
+    assert flags[0] and 0.05 * 7000 <= held <= 0.05 * 7000 + 70   # 5%, at most one game over
+    assert all(flags[i] for i in (0, 20, 40, 60, 80)) and not any(flags[1:20])
+    assert replay.hold_out([70, 70], 55, 1000, 5.0) == [False, True]  # the store's own share counts
+    assert replay.hold_out([70] * 5, 0, 0, 0.0) == [False] * 5
+
+    store = ReplayStore(tmp_path)
+    games = [_game(np.arange(i * 10, i * 10 + 10)) for i in range(3)]
+    chosen = [store.append_games([g], generation=1, source="selfplay", held_out=flag, val_percent=5.0)
+              for g, flag in zip(games, (True, False, True))]
+    assert [is_validation(e.name, 5.0) for e in chosen] == [True, False, True]
+    assert store.held_out_positions(5.0) == (20, 30)
+    sampler = ReplaySampler(store, WindowConfig(floor=1000, val_percent=5.0), batch_size=4)
+    assert (sampler.training_positions, sampler.held_out_positions) == (10, 20)
+    assert set(_ids(validation_batch(store, WindowConfig(val_percent=5.0), 20))) == set(range(0, 10)) | set(range(20, 30))
+    with pytest.raises(ValueError, match="val_percent = 0"):
+        store.append_games([games[0]], generation=1, source="selfplay", held_out=True, val_percent=0.0)
+
+
 def test_the_validation_sample_spans_the_newest_held_out_chunks(tmp_path):
     store = ReplayStore(tmp_path)
     entries = _fill(store, [100] * 6)

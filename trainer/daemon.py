@@ -702,20 +702,36 @@ class Daemon:
     # -- storing games ---------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """Write the buffered games (one chunk per generation), then their PGNs, then acknowledge them."""
+        """Write the buffered games (one chunk per generation, and another for its games held out for
+        validation: ``trainer.replay.hold_out`` keeps their share at ``replay.val_percent`` from the
+        first game on), then their PGNs, then acknowledge them."""
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, {}
         by_generation: dict[int, list[tuple[wire.Game, set[bytes]]]] = {}
         for game, senders in buffered.values():
             by_generation.setdefault(game.generation, []).append((game, senders))
+        from trainer.replay import hold_out
+
         acks: dict[bytes, list[str]] = {}
+        val_percent = self.config.replay.val_percent
+        held, total = self._store.held_out_positions(val_percent)
+        parts = []  # (generation, held out, entries): the held-out games of a generation are a chunk of their own
         for generation in sorted(by_generation):
             entries = by_generation[generation]
+            flags = hold_out([game.positions for game, _ in entries], held, total, val_percent)
+            for held_out in (True, False):
+                part = [entry for entry, flag in zip(entries, flags) if flag is held_out]
+                if part:
+                    parts.append((generation, held_out, part))
+            held += sum(game.positions for (game, _), flag in zip(entries, flags) if flag)
+            total += sum(game.positions for game, _ in entries)
+        for generation, held_out, entries in parts:
             games = [game for game, _ in entries]
             try:
                 self._store.append_games([g.records for g in games], generation=generation, source="selfplay",
-                                         game_ids=[g.game_id for g in games])
+                                         game_ids=[g.game_id for g in games], held_out=held_out,
+                                         val_percent=val_percent)
             except (OSError, ValueError) as e:
                 reason = f"replay store: {e}"
                 self.log(f"{len(games)} games of generation {generation} not stored ({e}): the workers resend them")

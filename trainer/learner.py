@@ -909,7 +909,13 @@ class _Learner:
                 self.sampler.refresh(int(records))
 
     def _validation_batch(self):
-        if self.val_batch is None and self.cfg.replay.validation_positions > 0:
+        """The held-out sample validation scores on: fixed from one checkpoint to the next, so that
+        the log lines between compare; while the store holds fewer held-out positions than
+        ``replay.validation_positions`` (a young run), drawn again at each call as they grow."""
+        wanted = self.cfg.replay.validation_positions
+        if self.val_batch is not None and len(self.val_batch.planes) < wanted:
+            self.val_batch = None
+        if self.val_batch is None and wanted > 0:
             from trainer.replay import validation_batch
 
             self.val_batch = validation_batch(self.store, self.window, self.cfg.replay.validation_positions,

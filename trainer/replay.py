@@ -86,6 +86,7 @@ __all__ = [
     "ChunkWriter",
     "ReplayStore",
     "is_validation",
+    "hold_out",
     "window_size",
     "WindowConfig",
     "DataStarved",
@@ -282,12 +283,15 @@ class ReplayStore:
     # -- writing ---------------------------------------------------------------------------
 
     def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str,
-                     game_ids: Sequence[str] | None = None) -> ChunkEntry:
+                     game_ids: Sequence[str] | None = None, held_out: bool | None = None,
+                     val_percent: float = 0.0) -> ChunkEntry:
         """Commit ``games`` (each a RECORD_DTYPE array, one game's positions in order) as ONE new chunk.
 
         Durable when it returns: the chunk is fsynced and renamed into place,
         then its manifest line is appended and fsynced.  ``game_ids`` (one per
         game) go into that line, so a game sent twice is recognised after a restart.
+        ``held_out`` True (False) gives the chunk a name that :func:`is_validation` at
+        ``val_percent`` holds out (trains on); None, a random name (held out by chance).
         """
         if game_ids is not None and (len(game_ids) != len(games) or not all(isinstance(i, str) for i in game_ids)):
             raise ValueError("game_ids must be one string per game")
@@ -299,7 +303,7 @@ class ReplayStore:
         if not arrays:
             raise ValueError("append_games needs at least one game")
         records = np.concatenate(arrays)
-        name = f"{source}-g{generation:05d}-{uuid.uuid4().hex}.gz"
+        name = _chunk_name(source, generation, held_out, val_percent)
         write_chunk(self.chunks_dir / name, records)
         entry = ChunkEntry(name, int(records.size), len(arrays), generation, source, time.time())
         line = {"op": "add", **dataclasses.asdict(entry)}
@@ -307,6 +311,12 @@ class ReplayStore:
             line["game_ids"] = list(game_ids)
         self._append(line)
         return entry
+
+    def held_out_positions(self, val_percent: float) -> tuple[int, int]:
+        """``(held out, all)`` positions of the live chunks, held out as :func:`is_validation` says."""
+        entries = self.entries()
+        held = sum(e.positions for e in entries if is_validation(e.name, val_percent))
+        return held, sum(e.positions for e in entries)
 
     def writer(self, *, generation: int, source: str, positions_per_chunk: int = 4096) -> "ChunkWriter":
         """A buffer of games that commits a chunk whenever ``positions_per_chunk`` is reached."""
@@ -377,6 +387,33 @@ class ReplayStore:
                     continue
                 found[file[:-4] + ".gz"] = reason
         return found
+
+
+def _chunk_name(source: str, generation: int, held_out: bool | None, val_percent: float) -> str:
+    """A new chunk's file name; with ``held_out``, one drawn until :func:`is_validation` agrees."""
+    if held_out is not None and not (held_out and val_percent > 0 or not held_out and val_percent < 100):
+        raise ValueError(f"no chunk name is {'held out' if held_out else 'trained on'} at "
+                         f"val_percent = {val_percent:g}")
+    while True:
+        name = f"{source}-g{generation:05d}-{uuid.uuid4().hex}.gz"
+        if held_out is None or is_validation(name, val_percent) is held_out:
+            return name
+
+
+def hold_out(sizes: Sequence[int], held: int, total: int, val_percent: float) -> list[bool]:
+    """Which of these games (``sizes``: their positions, in order) to hold out for validation, when the
+    store holds ``held`` of ``total`` positions held out: each game is held out while the held-out share,
+    counting it, would still be under ``val_percent``. So the very first game is held out, and the
+    share stays at ``val_percent`` from the first chunk on, where a split of whole chunks by their
+    names' hash (:func:`is_validation`) leaves a young run with nothing held out by chance."""
+    share = val_percent / 100.0
+    flags = []
+    for n in sizes:
+        flag = share > 0 and held < share * (total + n)
+        flags.append(flag)
+        held += n if flag else 0
+        total += n
+    return flags
 
 
 def _cache_room(cache_dir: Path, nbytes: int) -> int | None:
