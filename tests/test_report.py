@@ -279,8 +279,9 @@ def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_la
     assert status["daemon"]["endpoint"] == "tcp://127.0.0.1:5780" and status["daemon"]["keys"] is False
     workers = status["workers"]
     assert [w["id"] for w in workers["workers"]] == ["local-cpu-0", "local-cpu-1", "remote-a", "?"]
-    assert workers["total"] == {"alive": 3, "known": 4, "games_per_hour": 240.0, "positions_per_s": 800.0,
-                                "games": 35, "restarts": 2}  # the dead worker's rates are not counted
+    assert workers["total"] == {"alive": 3, "known": 4, "games": 35, "restarts": 2}
+    # one self-play speed, the estimator's: the live workers' positions played (the dead one's not counted)
+    assert status["selfplay"]["positions_per_s"] == 800.0 and status["selfplay"]["games_in_flight"] == 64
     assert workers["workers"][1]["generation"] == 2
     assert status["published"]["generation"] == 3  # the torn line is skipped
     gate = status["gating"]
@@ -290,8 +291,10 @@ def test_status_shows_the_daemon_its_workers_the_published_generation_and_the_la
     text = format_status(status, now=1000.0)
     assert f"daemon      pid {pid} running, started 8.3 min ago" in text
     assert "workers connect to tcp://127.0.0.1:5780, networks on tcp://127.0.0.1:5781" in text
-    assert "workers     3 of 4 alive: 240 games/h, 800 positions/s; 35 games, 2 restarts, as of 0 s ago" in text
-    assert "local-cpu-1  alive  box cpu, generation 2, 120 games/h, 400 positions/s, 15 games, 1 restart" in text
+    assert "workers     3 of 4 alive: 35 games stored, 2 restarts, as of 0 s ago" in text
+    assert ("local-cpu-1  alive  box cpu, generation 2, 400.0 positions/s played, 32 games in play, 15 games stored, "
+            "1 restart") in text
+    assert "games/h" not in text.split("workers     ")[1]  # the workers' lines repeat no second speed
     assert "remote-a     dead   box cpu" in text
     assert "learner     alive on cpu:2, pid 4321, 1 restart" in text
     assert "published   generation 3 (networks/gen-00003.onnx, gated, 10 s ago)" in text
@@ -359,11 +362,13 @@ def learner_run(tmp_path, fake_daemon_for, **learner):
         + '{"op":"prune","names":["selfplay-g00000-0000.gz"]}\n{"op":"add","name":"torn')
     daemon = fake_daemon_for(run)
     (run / "daemon.json").write_text(json.dumps({"pid": daemon.pid, "started": now - 600.0, "run": "run"}))
+    (run / "workers.json").write_text(json.dumps({"time": now - 1.0, "workers": [
+        _worker("local-cpu-0", True, playing=8, positions_per_s=6.5, started=now - 590.0)]}))
     learner_proc = fake_daemon_for(run, "learn")
     record = {"pid": learner_proc.pid, "started": now - 590.0, "time": now - 1.0, "state": "training", "step": 68,
               "target_step": None, "generation": 0, "checkpoint_step": 0, "checkpoint_every": 100,
               "next_generation_step": 100, "batch_size": 16, "world": 1, "device": "cpu", "samples_per_s": 32.0,
-              "window_positions": 3900, "training_positions": 3900, "samples_drawn": 68 * 16,
+              "rate_steps": 40, "window_positions": 3900, "training_positions": 3900, "samples_drawn": 68 * 16,
               "max_samples_per_position": 4.0, "batches_available": 907, "waiting_since": None, "waited_s": 0.0,
               "follow": True, **learner}
     (run / "learner.json").write_text(json.dumps(record))
@@ -388,15 +393,18 @@ def test_status_shows_the_learners_step_rate_the_window_its_age_games_per_hour_a
         tmp_path, fake_daemon_for, capsys):
     """What the learner is doing now (learner.json, rewritten every few seconds), not the last
     checkpoint: step 68 and 32 samples/s; the window (the newest 3,900 positions: the whole store,
-    played from 9.5 min ago to now); games/h from what the store received over the last 10 min;
-    and generation 1 due at step 100: 32 steps at 2 steps/s (16 s), the store allowing them."""
+    played from 9.5 min ago to now); self-play's speed, the positions the worker plays a second, and
+    games/h from it and the positions a stored game holds; and generation 1 due at step 100: 32
+    steps at 2 steps/s (16 s), the store allowing them."""
     run, now = learner_run(tmp_path, fake_daemon_for)
     status = run_status(run, now=now)
     text = format_status(status, now=now)
     assert ("  window      3,900 of 3,900 training positions (floor 10,000), played 9.5 min to 0 s ago by "
             "generations 0-1; 0 held out for validation") in text
-    # 39 chunks in the last 10 min (the first one is pruned, and 600 s before now is outside): 8 games each
-    assert "  self-play   1,872 games/h, 6.5 positions/s stored over the last 10.0 min" in text
+    # 39 chunks since the daemon's start (the first one is pruned): 8 games of 12.5 positions each;
+    # 6.5 positions/s / 12.5 = 1,872 games/h
+    assert ("  self-play   312 games finished since the daemon started, 8 in play at once; 6.5 positions/s played "
+            "(training positions; the games in play count), 1,872 games/h") in text
     assert "  training    step 68: 32.0 samples/s while training (as of 1 s ago)" in text
     assert "  next gen    generation 1 at step 100, 32 steps to go: in about 16 s (at the learner's pace)" in text
     assert main(["status", str(run), "--json"]) == 0

@@ -1158,8 +1158,9 @@ class _Reporter:
             self._mark = time.perf_counter()
             self.write_progress("training", force=True)
 
-    def _rate(self) -> float | None:
-        """Samples per second of training over about the last :data:`RATE_WINDOW_S` of it."""
+    def _rate(self) -> tuple[float | None, int]:
+        """Samples per second of training over about the last :data:`RATE_WINDOW_S` of it, and the
+        steps it was measured over (``status`` calls a rate of a few steps "measuring")."""
         if self._busy_steps:
             self._pieces.append((self._busy_steps, self._busy_s))
             self._busy_steps, self._busy_s = 0, 0.0
@@ -1167,7 +1168,7 @@ class _Reporter:
             self._pieces.popleft()
         steps = sum(n for n, _ in self._pieces)
         seconds = sum(t for _, t in self._pieces)
-        return steps * self.learner.cfg.train.batch_size / seconds if steps and seconds > 0 else None
+        return (steps * self.learner.cfg.train.batch_size / seconds if steps and seconds > 0 else None), steps
 
     def write_progress(self, state: str, *, force: bool = False) -> None:
         """RUN/learner.json, atomically, at most every :data:`PROGRESS_EVERY_S` unless ``force``:
@@ -1180,13 +1181,14 @@ class _Reporter:
         sampler, cfg = learner.sampler, learner.cfg
         every = cfg.train.checkpoint_every
         available = sampler.batches_available()
+        rate, rate_steps = self._rate()
         record = {
             "pid": self._pid, "host": socket.gethostname(), "started": self._started, "time": time.time(),
             "state": state, "step": learner.step, "target_step": learner.launch.steps,
             "generation": learner.generation, "checkpoint_step": learner.checkpoint_step,
             "checkpoint_every": every, "next_generation_step": (learner.step // every + 1) * every,
             "batch_size": cfg.train.batch_size, "world": learner.world, "device": learner.device.type,
-            "samples_per_s": self._rate(),
+            "samples_per_s": rate, "rate_steps": rate_steps,
             "window_positions": sampler.window_positions, "training_positions": sampler.training_positions,
             "samples_drawn": sampler.samples_drawn,
             "max_samples_per_position": cfg.replay.max_samples_per_position,

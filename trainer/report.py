@@ -31,6 +31,8 @@ from trainer.atomic import atomic_open, json_objects
 from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
 )
+from trainer.estimate import RATE_SPAN_S, next_generation, selfplay_speed  # noqa: F401 - RATE_SPAN_S re-exported
+from trainer.estimate import duration as _duration
 
 # The run directory's files, as their writers name them (trainer.learner, trainer.daemon,
 # trainer.evaluate, trainer.replay): not imported from there, since those modules import torch
@@ -53,9 +55,6 @@ RUN_MARKERS = (CONFIG_FILE, EFFECTIVE_CONFIG_FILE, MANIFEST, CHECKPOINT_DIR, NET
                GENERATIONS_FILE, PROGRESS_FILE, "learner.lock", DAEMON_FILE, "daemon.lock", WORKERS_FILE,
                PUBLISHED_FILE, GATING_FILE, EVALUATION_FILE)
 
-#: Self-play's games/h and positions/s are measured over the store's last this-many seconds.
-RATE_SPAN_S = 600.0
-
 
 def check_run_dir(run_dir: str | os.PathLike) -> str:
     """``run_dir`` as a string; ValueError "... is not a run directory" for a folder that does
@@ -75,14 +74,6 @@ def check_run_dir(run_dir: str | os.PathLike) -> str:
 
 def _ago(seconds: float) -> str:
     return f"{_duration(seconds)} ago"
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
 
 
 def _number(value: Any) -> str:
@@ -315,14 +306,18 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
         except OSError:  # deleted meanwhile (keep_checkpoints)
             checkpoint = None
     data = _data_status(chunks, config)
-    selfplay = _selfplay_rate(chunks, config, daemon_part["daemon"], now)
+    selfplay = selfplay_speed(chunks, daemon_part["daemon"], daemon_part["workers"],
+                              val_percent=config.replay.val_percent, max_plies=config.selfplay.max_plies,
+                              full_search_prob=config.selfplay.full_search_prob, now=now)
     learner = _learner_status(run_dir)
     return {
         "run": os.path.abspath(run_dir),
+        "time": now,
         "data": data,
         "selfplay": selfplay,
         "learner": learner,
-        "next_generation": _next_generation(learner, data, selfplay, metrics[-1] if metrics else None, config),
+        "next_generation": next_generation(learner, data, selfplay, metrics[-1] if metrics else None,
+                                           max_samples_per_position=config.replay.max_samples_per_position),
         "checkpoint": checkpoint,
         "generation": generations[-1] if generations else None,
         "previous_generation": generations[-2] if len(generations) > 1 else None,
@@ -366,30 +361,6 @@ def _data_status(chunks: list[Chunk], config: TrainConfig) -> dict:
     }
 
 
-def _selfplay_rate(chunks: list[Chunk], config: TrainConfig, daemon: dict | None, now: float) -> dict | None:
-    """Games/h and positions/s the store received from self-play over its last :data:`RATE_SPAN_S`
-    (from the daemon's start when that is later; up to the newest game when the daemon is not
-    running). None: no self-play game yet."""
-    games = [c for c in chunks if c.source == "selfplay"]
-    if not games:
-        return None
-    running = daemon is not None and daemon.get("alive") is not False
-    end = now if running else max(c.time for c in games)
-    started = daemon.get("started") if daemon else None
-    if not isinstance(started, (int, float)) or started > end:
-        started = min(c.time for c in games)  # no better start known: the first game stored
-    begin = max(end - RATE_SPAN_S, started)
-    span = end - begin
-    recent = [c for c in games if begin < c.time <= end]
-    if span < 1.0:
-        return None
-    training = sum(c.positions for c in recent if not is_validation(c.name, config.replay.val_percent))
-    return {"games_per_hour": sum(c.games for c in recent) * 3600.0 / span,
-            "positions_per_s": sum(c.positions for c in recent) / span,
-            "training_positions_per_s": training / span,
-            "over_s": span, "running": running}
-
-
 def _learner_status(run_dir: str) -> dict | None:
     """RUN/learner.json with every field checked, and ``running``: whether the process that wrote it
     is still the run's learner (None: the file is missing or garbled)."""
@@ -398,53 +369,14 @@ def _learner_status(run_dir: str) -> dict | None:
         return None
     out: dict[str, Any] = {key: _num(record.get(key)) for key in (
         "pid", "started", "time", "step", "target_step", "generation", "checkpoint_step", "checkpoint_every",
-        "next_generation_step", "batch_size", "world", "samples_per_s", "window_positions", "training_positions",
+        "next_generation_step", "batch_size", "world", "samples_per_s", "rate_steps", "window_positions",
+        "training_positions",
         "samples_drawn", "max_samples_per_position", "batches_available", "waiting_since", "waited_s")}
     state = record.get("state")
     out["state"] = state if state in ("training", "waiting", "stopped") else None
     out["device"] = _text(record.get("device"))
     out["follow"] = record.get("follow") is True
     out["running"] = False if out["state"] == "stopped" else process_runs(out["pid"], "learn", run_dir)
-    return out
-
-
-def _next_generation(learner: dict | None, data: dict, selfplay: dict | None, metrics: dict | None,
-                     config: TrainConfig) -> dict | None:
-    """When the learner exports its next generation. The learner needs ``steps_left`` steps at its
-    training rate; the store allows it ``max_samples_per_position`` samples per training position
-    in all, so past what the positions stored now allow, each step waits for self-play to add
-    ``batch / max_samples_per_position`` training positions. The expected time is the longer of
-    the two. None: no learner running."""
-    if not learner or not learner["running"] or learner["step"] is None:
-        return None
-    step, every, batch = learner["step"], learner["checkpoint_every"], learner["batch_size"]
-    if not every or not batch:
-        return None
-    at = learner["next_generation_step"] or (step // every + 1) * every
-    target = learner["target_step"]
-    if target is not None and target < at:
-        at = target  # a --steps run exports at its end
-    left = max(0, at - step)
-    out: dict[str, Any] = {"generation": (learner["generation"] or 0) + 1, "step": at, "steps_left": left,
-                           "eta_s": None, "limited_by": None, "steps_allowed_now": None, "data_steps_per_s": None,
-                           "learner_samples_per_s": None}
-    rate = learner["samples_per_s"] or (_num(metrics.get("samples_per_s")) if metrics else None)
-    out["learner_samples_per_s"] = rate
-    cap = learner["max_samples_per_position"] or config.replay.max_samples_per_position
-    drawn = learner["samples_drawn"] or 0
-    allowed = math.floor((cap * data["training_positions"] - drawn) / batch)  # negative: games owed first
-    out["steps_allowed_now"] = allowed
-    learning = left * batch / rate if rate else None
-    if left <= allowed:
-        out["eta_s"], out["limited_by"] = learning, "learner"
-        return out
-    if selfplay and selfplay["running"] and selfplay["training_positions_per_s"] > 0:
-        out["data_steps_per_s"] = selfplay["training_positions_per_s"] * cap / batch
-        waiting = (left - allowed) / out["data_steps_per_s"]
-        out["eta_s"] = max(waiting, learning or 0.0)
-        out["limited_by"] = "selfplay" if waiting >= (learning or 0.0) else "learner"
-    else:
-        out["limited_by"] = "selfplay"  # no game coming in: it waits until one does
     return out
 
 
@@ -502,8 +434,6 @@ def _daemon_status(run_dir: str) -> dict:
             "games": _num(workers.get("games")), "positions": _num(workers.get("positions")),
             "workers": rows,
             "total": {"alive": len(alive), "known": len(rows),
-                      "games_per_hour": sum(w["games_per_hour"] or 0 for w in alive),
-                      "positions_per_s": sum(w["positions_per_s"] or 0 for w in alive),
                       "games": sum(w["games"] or 0 for w in rows),
                       "restarts": sum(w["restarts"] or 0 for w in rows)},
         }
@@ -558,10 +488,7 @@ def format_status(status: dict, now: float | None = None) -> str:
         lines.append("  data        none yet: `cyzero-train bootstrap RUN ...` or self-play adds it")
     selfplay = status.get("selfplay")
     if selfplay:
-        over = (f"over the last {_duration(selfplay['over_s'])}" if selfplay["running"]
-                else f"in its last {_duration(selfplay['over_s'])} (no daemon running now)")
-        lines.append(f"  self-play   {_number(round(selfplay['games_per_hour']))} games/h, "
-                     f"{selfplay['positions_per_s']:,.1f} positions/s stored {over}")
+        lines.append(f"  self-play   {describe_selfplay(selfplay)}")
     lines += _format_learner(status, now)
     checkpoint = status["checkpoint"]
     if checkpoint:
@@ -635,22 +562,52 @@ def _format_learner(status: dict, now: float) -> list[str]:
     lines = [f"  training    step {step}: {doing} ({as_of})"]
     nxt = status.get("next_generation")
     if nxt:
-        head = f"  next gen    generation {nxt['generation']} at step {nxt['step']:,}, {_plural(nxt['steps_left'], 'step')} to go"
-        if nxt["eta_s"] is not None:
-            lines.append(f"{head}: in about {_duration(nxt['eta_s'])}" + _limit(nxt, status))
-        elif nxt["limited_by"] == "selfplay":
-            lines.append(f"{head}: once self-play adds games (none stored lately)")
-        else:
-            lines.append(f"{head}: in ? (the learner has not measured its rate yet)")
+        lines.append(f"  next gen    generation {nxt['generation']} at step {nxt['step']:,}, "
+                     f"{_plural(nxt['steps_left'], 'step')} to go: {describe_next_generation(nxt, status)}")
     return lines
 
 
-def _limit(nxt: dict, status: dict) -> str:
-    if nxt["limited_by"] != "selfplay" or not nxt["data_steps_per_s"]:
-        return " (at the learner's pace)" if nxt["limited_by"] == "learner" else ""
+def describe_selfplay(selfplay: dict, *, short: bool = False) -> str:
+    """Self-play's one speed (:func:`trainer.estimate.selfplay_speed`) in words: what ``status`` and
+    the live display of ``cyzero-train run`` (``short``) say."""
+    if selfplay["source"] == "store":
+        if selfplay["positions_per_s"] is None:
+            return f"{_plural(selfplay['games_finished'], 'game')} stored (no daemon running now)"
+        return (f"{selfplay['positions_per_s']:,.1f} positions/s, {_number(round(selfplay['games_per_hour']))} "
+                f"games/h stored in its last {_duration(selfplay['over_s'])} (no daemon running now)")
+    finished, in_play = selfplay["games_finished"], selfplay["games_in_flight"]
+    games = (f"{_plural(finished, 'game')} finished" + ("" if short else " since the daemon started")
+             + (f", {in_play:,} in play" + ("" if short else " at once") if in_play else ""))
+    why = "" if short or not selfplay["measuring"] else f": {selfplay['measuring']}"
+    if selfplay["positions_per_s"] is None:
+        return f"{games}; speed measuring{why}"
+    speed = (f"{selfplay['positions_per_s']:,.1f} positions/s"
+             + (" played" if short else " played (training positions; the games in play count)"))
+    if selfplay["games_per_hour"] is None:
+        rate = f"games/h measuring{why}"
+    else:
+        rate = f"{_number(round(selfplay['games_per_hour']))} games/h"
+    return f"{games}; {speed}, {rate}"
+
+
+def describe_next_generation(nxt: dict, status: dict, *, short: bool = False) -> str:
+    """When the next generation comes (:func:`trainer.estimate.next_generation`) in words."""
+    if nxt["eta_s"] is None:
+        selfplay = status.get("selfplay") or {}
+        if short and nxt["limited_by"] == "selfplay" and selfplay.get("games_in_flight") and not \
+                selfplay.get("first_games_done"):
+            longest = selfplay.get("longest_game_s")
+            return (f"measuring until the first {selfplay['games_in_flight']:,} games end"
+                    + (f" (within {_duration(longest)} of the start)" if longest else ""))
+        return "measuring" + (f": {nxt['measuring']}" if nxt["measuring"] and not short else "")
+    eta = f"in about {_duration(nxt['eta_s'])}"
+    if short:
+        return eta
+    if nxt["limited_by"] == "learner":
+        return f"{eta} (at the learner's pace)"
     selfplay = status.get("selfplay") or {}
-    return (f" (self-play sets the pace: {selfplay.get('training_positions_per_s', 0):,.1f} training positions/s "
-            f"allow {nxt['data_steps_per_s'] * 60:,.1f} steps a minute)")
+    return (f"{eta} (self-play sets the pace: {selfplay.get('training_positions_per_s') or 0:,.1f} training "
+            f"positions/s allow {nxt['data_steps_per_s'] * 60:,.1f} steps a minute)")
 
 
 def describe_share(share: dict) -> str:
@@ -696,18 +653,16 @@ def _format_daemon(status: dict, now: float) -> list[str]:
         if stopped:
             when += ": the daemon is not running, so none is playing now"
         lines.append(f"  workers     {total['alive']} of {total['known']} alive: "
-                     f"{_number(round(total['games_per_hour']))} games/h, "
-                     f"{_number(round(total['positions_per_s']))} positions/s; "
-                     f"{_plural(total['games'], 'game')}, {_plural(total['restarts'], 'restart')}{when}")
+                     f"{_plural(total['games'], 'game')} stored, {_plural(total['restarts'], 'restart')}{when}")
         width = max(len(w["id"]) for w in workers["workers"]) if workers["workers"] else 0
         for w in workers["workers"]:
             where = f"{w['host'] or '?'}" + (f" {w['devices']}" if w["devices"] else "")
             state = "alive" if w["alive"] else "dead" if w["last_seen"] is not None else "silent"  # never heard
+            speed = "?" if w["positions_per_s"] is None else f"{w['positions_per_s']:,.1f}"
             lines.append(f"    {w['id']:<{width}}  {state:<6} {where}, "
-                         f"generation {_opt(w['generation'])}, "
-                         f"{_opt(None if w['games_per_hour'] is None else round(w['games_per_hour']))} games/h, "
-                         f"{_opt(None if w['positions_per_s'] is None else round(w['positions_per_s']))} "
-                         f"positions/s, {_plural(w['games'], 'game')}, {_plural(w['restarts'], 'restart')}")
+                         f"generation {_opt(w['generation'])}, {speed} positions/s played, "
+                         f"{_opt(w['playing'])} games in play, {_plural(w['games'], 'game')} stored, "
+                         f"{_plural(w['restarts'], 'restart')}")
     learner = workers.get("learner") if workers else None
     if learner:
         alive = learner["alive"] and not stopped
@@ -1026,5 +981,5 @@ def _elo_axes(fig, ax, ylabel: str, title: str) -> None:
     fig.tight_layout()
 
 
-__all__ = ["run_status", "format_status", "plot_run", "check_run_dir", "read_manifest", "process_runs", "pid_alive",
+__all__ = ["run_status", "format_status", "describe_selfplay", "describe_next_generation", "plot_run", "check_run_dir", "read_manifest", "process_runs", "pid_alive",
            "describe_share", "RUN_MARKERS"]
