@@ -535,3 +535,87 @@ def test_status_shows_how_each_device_is_shared(tmp_path):
     assert ("cuda:0      1 self-play worker (256 games, network batches up to 1024) and 1 learner rank, "
             "sharing its time") in text
     assert learner_ranks("cpu:2") == {"cpu": 2} and learner_ranks("cuda:0,1") == {"cuda:0": 1, "cuda:1": 1}
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures plot draws, by file name (each kept as saved, to read what it shows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figures = {}
+    save = Figure.savefig
+
+    def keep(fig, f, **kwargs):
+        figures[kwargs["metadata"]["Title"].rpartition(": ")[2]] = fig  # "RUN: loss" -> "loss"
+        return save(fig, f, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def _panel(fig, title):
+    return next(ax for ax in fig.axes if ax.get_title() == title)
+
+
+def test_the_generation_exported_at_a_checkpoint_step_is_that_steps_generation(tmp_path, drawn):
+    """Issue 46: the learner logs a checkpoint step's line just before it exports, so the line at
+    step 100 still says generation 0; the panel takes generations.jsonl's word: 1 at step 100."""
+    from trainer.report import plot_run
+
+    rows = [{"step": s, "time": 1.0 * s, "loss_total": 3.0, "samples_per_s": 400.0, "window": 1000 + s,
+             "generation": s // 100 - (s % 100 == 0)} for s in (50, 100, 150, 200)]
+    run = metrics_run(tmp_path, rows)
+    with open(os.path.join(run, "generations.jsonl"), "w") as f:
+        for g in (0, 1, 2):
+            f.write(json.dumps({"generation": g, "step": 100 * g, "onnx": f"networks/gen-{g:05d}.onnx"}) + "\n")
+    plot_run(run)
+    line = _panel(drawn["throughput"], "generation exported").get_lines()[0]
+    exported = dict(zip(line.get_xdata(), line.get_ydata()))
+    assert exported[100] == 1 and exported[200] == 2 and exported[0] == 0
+
+
+def test_the_loss_chart_says_validation_only_when_it_draws_it(tmp_path, drawn):
+    from trainer.report import plot_run
+
+    run = metrics_run(tmp_path, [{"step": 50, "time": 1.0, "loss_total": 3.0}])
+    plot_run(run)
+    assert drawn["loss"]._suptitle.get_text() == "run: losses, training (no validation yet: nothing held out in the store)"
+    (tmp_path / "2").mkdir()
+    run = metrics_run(tmp_path / "2", [{"step": 50, "time": 1.0, "loss_total": 3.0, "val_total": 3.1,
+                                        "val_policy_top1": 0.05}])
+    plot_run(run)
+    assert drawn["loss"]._suptitle.get_text() == "run: losses, training and validation"
+    assert "validation" in drawn
+
+
+def test_elo_markers_of_two_opponents_that_scored_alike_stay_apart(tmp_path, drawn):
+    """Issue 46: a 2-game evaluation won in full against both opponents drew the 'vs random' marker
+    exactly under the 'vs generation 0' one. Each series now sits a little to its side of the
+    generation, the finite ones with their own marker shape."""
+    from trainer.report import plot_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"generation": 1, "opponent": opponent, "wins": 2, "draws": 0, "losses": 0, "games": 2, "score": 1.0,
+             "elo": None, "elo_error": None, "nodes": 64, "time": 1.0} for opponent in ("gen0", "random")]
+    rows += [{"generation": 2, "opponent": opponent, "wins": 1, "draws": 1, "losses": 0, "games": 2, "score": 0.75,
+              "elo": 191.0, "elo_error": 300.0, "nodes": 64, "time": 2.0} for opponent in ("gen0", "random")]
+    (run / "evaluation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_run(str(run))
+    ax = drawn["elo"].axes[0]
+    points = {}
+    for line in ax.get_lines():
+        if line.get_marker() in ("_", "|", "None", "", None):
+            continue  # the error bars' caps, the zero line
+        for x, y in zip(line.get_xdata(), line.get_ydata()):
+            points.setdefault((round(float(x)), float(y)), []).append((float(x), line.get_color(), line.get_marker()))
+    for (generation, _), seen in points.items():
+        if len(seen) > 1:  # two opponents at the same Elo of a generation: apart on the page
+            assert len({x for x, _, _ in seen}) == len(seen)
+    bounds = points[(1, next(y for g, y in points if g == 1))]
+    assert sorted(c for _, c, _ in bounds) == ["tab:blue", "tab:orange"] and abs(bounds[0][0] - bounds[1][0]) >= 0.2
+    finite = {c: m for (g, y), seen in points.items() if g == 2 for _, c, m in seen}
+    assert finite["tab:blue"] != finite["tab:orange"]  # and differently shaped

@@ -750,6 +750,13 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         for key, value in _numeric_items(row, ("step", "time")):
             if math.isfinite(value):
                 series.setdefault(key, []).append((row["step"], value))
+    if rows:  # the generation exported at each step: generations.jsonl says (a log line at a checkpoint's
+        exported = {}  # step is written just before that step's export, so it still names the one before)
+        for r in _lines(os.path.join(run_dir, GENERATIONS_FILE)):
+            if _int(r.get("generation")) is not None and _int(r.get("step")) is not None:
+                exported[r["generation"]] = r["step"]
+        if exported:
+            series["generation"] = sorted((step, generation) for generation, step in exported.items())
     os.makedirs(out_dir, exist_ok=True)
     title = os.path.basename(os.path.abspath(run_dir))
     written: list[str] = []
@@ -770,6 +777,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
             if lines:
                 chosen.append((panel_title, ylabel, lines))
         if chosen:
+            if name == "loss" and not any(key.startswith("val_") for _, _, lines in chosen for key, _, _ in lines):
+                heading = "losses, training (no validation yet: nothing held out in the store)"
             save(_panels(plt, f"{title}: {heading}", chosen, "learner step"), name)
     others = [(key.replace("_", " "), key, [(key, key, series[key])]) for key in sorted(series) if key not in used]
     if others:
@@ -945,25 +954,30 @@ def _elo_chart(plt, evaluations: list[dict], title: str):
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     latest = {(r["generation"], r["opponent"], r["nodes"]): r for r in evaluations if r["games"] > 0}
     colours = {"gen0": "tab:blue", "random": "tab:orange"}
-    for opponent in ("gen0", "random"):
-        for nodes in sorted({n for _, o, n in latest if o == opponent}):
-            chosen = sorted((r for (g, o, n), r in latest.items() if o == opponent and n == nodes),
-                            key=lambda r: r["generation"])
-            label = f"vs {'generation 0' if opponent == 'gen0' else 'random mover'}, {nodes:,} nodes"
-            finite = [r for r in chosen if r["elo"] is not None]
-            if finite:
-                ax.errorbar([r["generation"] for r in finite], [r["elo"] for r in finite],
-                            yerr=[r["elo_error"] or 0.0 for r in finite], fmt="o-", capsize=3,
-                            color=colours[opponent], label=label)
-            labelled = bool(finite)  # one legend entry per series
-            for r in chosen:
-                if r["elo"] is None:
-                    points = r["wins"] + 0.5 * r["draws"]
-                    up = points * 2 >= r["games"]
-                    bound = elo_from_score((points + (-0.5 if up else 0.5)) / r["games"])
-                    ax.plot([r["generation"]], [bound], marker="^" if up else "v", color=colours[opponent],
-                            linestyle="none", label=None if labelled else label)
-                    labelled = True
+    markers = {"gen0": "o", "random": "s"}  # a finite Elo; a bound is a triangle in the series' colour
+    series = [(o, n) for o in ("gen0", "random") for n in sorted({n for _, o2, n in latest if o2 == o})]
+    # Each series a little to the side of the generation, so that two opponents that scored alike (a
+    # 2-game evaluation won in full against both) stay two visible markers, not one over the other.
+    spread = 0.3 if len(series) > 1 else 0.0
+    for k, (opponent, nodes) in enumerate(series):
+        shift = -spread / 2 + spread * k / (len(series) - 1) if len(series) > 1 else 0.0
+        chosen = sorted((r for (g, o, n), r in latest.items() if o == opponent and n == nodes),
+                        key=lambda r: r["generation"])
+        label = f"vs {'generation 0' if opponent == 'gen0' else 'random mover'}, {nodes:,} nodes"
+        finite = [r for r in chosen if r["elo"] is not None]
+        if finite:
+            ax.errorbar([r["generation"] + shift for r in finite], [r["elo"] for r in finite],
+                        yerr=[r["elo_error"] or 0.0 for r in finite], fmt=f"{markers[opponent]}-", capsize=3,
+                        color=colours[opponent], label=label)
+        labelled = bool(finite)  # one legend entry per series
+        for r in chosen:
+            if r["elo"] is None:
+                points = r["wins"] + 0.5 * r["draws"]
+                up = points * 2 >= r["games"]
+                bound = elo_from_score((points + (-0.5 if up else 0.5)) / r["games"])
+                ax.plot([r["generation"] + shift], [bound], marker="^" if up else "v", markersize=8,
+                        color=colours[opponent], linestyle="none", label=None if labelled else label)
+                labelled = True
     _integer_x(ax)
     _elo_axes(fig, ax, "Elo (± 95%; triangle: all won or lost, a bound)",
               f"{title}: Elo against generation 0 and a random mover")
