@@ -72,8 +72,12 @@ MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game:
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 
 
+def _print(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def _stderr(line: str) -> None:
-    print(f"cyzero-train run: {line}", file=sys.stderr, flush=True)
+    _print(f"cyzero-train run: {line}")
 
 
 class _DaemonLog:
@@ -82,9 +86,10 @@ class _DaemonLog:
     def __init__(self, run_dir: str):
         self.path = os.path.join(run_dir, LOG_DIR, "daemon.log")
         self._lock = threading.Lock()
+        self.echo: Log = _print  # the live display's write while it is on: the line goes above it
 
     def __call__(self, line: str) -> None:
-        _stderr(line)
+        self.echo(f"cyzero-train run: {line}")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with self._lock:
             try:
@@ -603,8 +608,9 @@ class Daemon:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def serve(self, stop: threading.Event) -> None:
-        """Receive, flush, supervise, publish and report until ``stop`` is set."""
+    def serve(self, stop: threading.Event, tick: Optional[Callable[[], Any]] = None) -> None:
+        """Receive, flush, supervise, publish and report until ``stop`` is set; ``tick`` (the live
+        display's update, which keeps its own pace) is called at each turn of the loop."""
         if not self._started:
             raise RuntimeError("Daemon.serve before start()")
         poller = zmq.Poller()
@@ -624,6 +630,8 @@ class Daemon:
             if now >= next_workers:
                 self._write_workers()
                 next_workers = now + WORKERS_EVERY_S
+            if tick is not None:
+                tick()
 
     def _flush_if_due(self, now: float) -> None:
         d = self.config.daemon
@@ -983,7 +991,13 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
     run_dir = os.path.abspath(os.fspath(run_dir))
     early = log or _stderr  # until the run is taken, errors create nothing (no RUN/logs)
-    log = log or _DaemonLog(run_dir)
+    display = None
+    if log is None:
+        from trainer.progress import RunDisplay
+
+        log = _DaemonLog(run_dir)
+        display = RunDisplay(run_dir)  # what the run does, on stderr: in place on a terminal, a line a minute elsewhere
+        log.echo = display.write
     stop = threading.Event()
     try:
         resolved = _resolve_config(run_dir, config)
@@ -1015,8 +1029,11 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     try:
-        daemon.serve(stop)
+        daemon.serve(stop, tick=display.update if display is not None else None)
     finally:
+        if display is not None:
+            display.close()
+            log.echo = _print  # type: ignore[attr-defined]
         daemon.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
