@@ -22,15 +22,16 @@ def status(**changes):
 
 
 def test_the_lines_say_games_speed_step_rate_window_and_the_next_generation():
-    play, learn = display_lines(status())
+    play, learn, nxt = display_lines(status())
     assert play == "self-play  38 games finished, 64 in play; 5.5 positions/s played, games/h measuring"
-    assert learn == ("learner    step 27, 83 samples/s, waiting for games; window 903 positions; generation 1 at "
-                     "step 100: measuring until the first 64 games end (within 14.6 min of the start)")
+    assert learn == "learner    step 27, 83 samples/s, waiting for games; window 903 positions"
+    assert nxt == ("next gen   generation 1 at step 100: measuring until the first 64 games end (within 14.6 min "
+                   "of the start)")
     settled = {**SELFPLAY, "games_per_hour": 3250.0, "first_games_done": True, "measuring": None}
     soon = {**NEXT, "eta_s": 150.0, "measuring": None, "data_steps_per_s": 0.2}
-    play, learn = display_lines(status(selfplay=settled, next_generation=soon))
+    play, learn, nxt = display_lines(status(selfplay=settled, next_generation=soon))
     assert play.endswith("5.5 positions/s played, 3,250 games/h")
-    assert learn.endswith("generation 1 at step 100: in about 2.5 min")
+    assert nxt == "next gen   generation 1 at step 100: in about 2.5 min"
     assert display_lines({"selfplay": None, "learner": None, "data": {}, "next_generation": None}) == (
         "self-play  no game yet", "learner    not started yet")
 
@@ -66,6 +67,8 @@ def test_off_a_terminal_it_prints_one_plain_line_a_minute():
     assert len(lines) == 2 and reads == [1_060.0, 1_120.0]
     assert "(+1.0 min) self-play  38 games finished, 64 in play" in lines[0]
     assert "(+2.0 min) self-play" in lines[1] and " | learner    step 27" in lines[1]
+    assert lines[1].endswith(" | next gen   generation 1 at step 100: measuring until the first 64 games end "
+                             "(within 14.6 min of the start)")
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()  # plain lines for a log file
     display.write("cyzero-train run: published generation 1 (networks/gen-00001.onnx)")
     assert out.getvalue().splitlines()[-1] == "cyzero-train run: published generation 1 (networks/gen-00001.onnx)"
@@ -86,8 +89,8 @@ def test_on_a_terminal_the_lines_are_redrawn_in_place_and_log_lines_go_above():
     display.write("cyzero-train run: published generation 1")
     display.close()
     text = out.getvalue()
-    assert "\r" in text and "step 10," in text and "step 11," in text
-    assert text.count("\n") < 10  # redrawn in place, not a line per update
+    assert "step 10," in text and "step 11," in text
+    assert "\r" in text and "\x1b[A" in text  # redrawn in place: back to the line's start, and up to the first line
     assert "cyzero-train run: published generation 1\n" in text
 
 

@@ -1,18 +1,20 @@
 """The live display of ``cyzero-train run`` (``make train``) on its terminal.
 
-Two lines, what ``cyzero-train status`` would say in short (the same
+Three lines, what ``cyzero-train status`` would say in short (the same
 :func:`trainer.report.run_status` and :mod:`trainer.estimate`, read from the run's files)::
 
     self-play  38 games finished, 64 in play; 5.5 positions/s played, games/h measuring
-    learner    step 27, 82.6 samples/s, waiting for games; window 903 positions; generation 1 at step 100: measuring ...
+    learner    step 27, 83 samples/s, waiting for games; window 903 positions
+    next gen   generation 1 at step 100: measuring until the first 64 games end (within 14.6 min of the start)
 
-On a terminal they are two tqdm lines updated in place every :data:`REFRESH_S`, and the
+On a terminal they are tqdm lines updated in place every :data:`REFRESH_S`, and the
 daemon's own lines (``published generation 1``, a worker restarted) are written above them;
 anywhere else (a log file, a pipe) one plain line is printed every :data:`PLAIN_EVERY_S`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,14 +27,16 @@ REFRESH_S = 2.0        # a terminal's lines are redrawn this often
 PLAIN_EVERY_S = 60.0   # elsewhere, one plain line this often
 
 
-def display_lines(status: dict) -> tuple[str, str]:
-    """The display's two lines: self-play, and the learner with the window and the next generation."""
+def display_lines(status: dict) -> tuple[str, ...]:
+    """The display's lines: self-play, the learner and its window, the next generation."""
     selfplay = status.get("selfplay")
     play = describe_selfplay(selfplay, short=True) if selfplay else "no game yet"
     learner = status.get("learner")
     if not learner:
         learn = "not started yet"
-    elif learner.get("running") is False or learner.get("state") == "stopped":
+    elif learner.get("state") == "stopped":
+        learn = f"stopped at step {learner['step']:,}"
+    elif learner.get("running") is False:
         learn = f"step {learner['step']:,}: not running (logs/learner.log says why)"
     else:
         rate = learner.get("samples_per_s")
@@ -41,10 +45,12 @@ def display_lines(status: dict) -> tuple[str, str]:
     window = (status.get("data") or {}).get("window")
     if window is not None:
         learn += f"; window {window:,} positions"
+    lines = [f"self-play  {play}", f"learner    {learn}"]
     nxt = status.get("next_generation")
     if nxt:
-        learn += f"; generation {nxt['generation']} at step {nxt['step']:,}: {describe_next_generation(nxt, status, short=True)}"
-    return f"self-play  {play}", f"learner    {learn}"
+        lines.append(f"next gen   generation {nxt['generation']} at step {nxt['step']:,}: "
+                     f"{describe_next_generation(nxt, status, short=True)}")
+    return tuple(lines)
 
 
 class RunDisplay:
@@ -77,7 +83,7 @@ class RunDisplay:
                 self._draw(lines)
             else:
                 self.stream.write(f"{time.strftime('%H:%M:%S', time.localtime(now))} "
-                                  f"(+{duration(now - self.started)}) {lines[0]} | {lines[1]}\n")
+                                  f"(+{duration(now - self.started)}) {' | '.join(lines)}\n")
                 self.stream.flush()
         except Exception as exc:  # noqa: BLE001 - a display is never worth a run
             self._broken = True
@@ -86,11 +92,18 @@ class RunDisplay:
                        "shows the same")
 
     def _draw(self, lines: tuple[str, ...]) -> None:
-        if not self._bars:
+        if len(self._bars) != len(lines):  # the first draw, or a line came or went (the learner started)
             from tqdm import tqdm
 
+            self.close()
+            try:  # a terminal that tells no size (a pty without one, as `script` makes): 160 x 24, not 0 x 0,
+                known = os.get_terminal_size(self.stream.fileno()).columns > 0  # where tqdm would hide every line
+            except (AttributeError, OSError, ValueError):
+                known = False
             self._bars = [tqdm(total=None, bar_format="{desc}", desc=line, position=i, file=self.stream,
-                               dynamic_ncols=True, leave=True) for i, line in enumerate(lines)]
+                               dynamic_ncols=known, ncols=None if known else 160, nrows=None if known else 24,
+                               leave=True)
+                          for i, line in enumerate(lines)]
             return
         for bar, line in zip(self._bars, lines):
             bar.set_description_str(line, refresh=True)
