@@ -925,8 +925,23 @@ cdef class Tree:
 
     @property
     def nodes(self):
-        """Visits of the root (lc0's node count)."""
-        return self.core.nodes[self.core.root].n
+        """Visits of the root (lc0's node count). Under searchmoves only the root's own visit and
+        the allowed moves' subtrees count: a node limit and the reported nodes are about the
+        moves being searched, not about what an earlier search left under the others."""
+        cdef Node* r = &self.core.nodes[self.core.root]
+        cdef uint32_t ci
+        cdef Node* c
+        cdef long total
+        if self.core.root_filter == NULL or not (r.flags & NODE_EXPANDED):
+            return r.n
+        total = 1 if r.n else 0
+        ci = r.child
+        while ci:
+            c = &self.core.nodes[ci]
+            if _in_filter(&self.core, self.core.edges[r.edges + c.edge_idx].move):
+                total += c.n
+            ci = c.sibling
+        return total
 
     @property
     def playouts(self):

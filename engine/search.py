@@ -140,6 +140,22 @@ def _reason(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- one move of one tree
 
 
+def root_tree(tree: Tree, board: Board, go: GoParams) -> None:
+    """Root ``tree`` at ``board`` for the search ``go`` asks for (its searchmoves already legal).
+
+    The tree is reused when ``board`` extends its last position, except under ``go depth``:
+    depth is the average depth of this search's own playouts (lc0's measure), and in a
+    reused tree the very first playouts already run as deep as the old search went, so a
+    ``go depth 3`` answered at once with a depth-9 tree. A depth-limited search starts from
+    an empty tree instead, so that ``go depth N`` always searches to depth N, as a fresh
+    engine does (the network cache still spares it re-evaluations).
+    """
+    if go.depth is not None:
+        tree.reset()
+    tree.set_position(board)
+    tree.set_searchmoves(go.searchmoves)
+
+
 class MoveSearch:
     """One tree's search of one move: budget, stop rules, and the move it chooses.
 
@@ -164,6 +180,7 @@ class MoveSearch:
         self.network_ready = False      # the network was had (Searcher: loaded lazily on its thread)
         self.extending = False          # past the soft target because the best move is unstable
         self.batch = params.minibatch_size or CPU_MINIBATCH   # leaves per batch (search_batch)
+        self.pruned_at_ms: Optional[int] = None   # smart pruning ended the search this many ms in
         self._best: Optional[str] = None
         self._best_since = start        # when the most visited move last changed
 
@@ -215,7 +232,10 @@ class MoveSearch:
             return True
         self.extending = elapsed_ms >= soft
         # While the best move is unstable, smart pruning looks as far as the hard limit.
-        return self._pruned(elapsed_ms, hard if unstable else soft, children)
+        if self._pruned(elapsed_ms, hard if unstable else soft, children):
+            self.pruned_at_ms = int(elapsed_ms)
+            return True
+        return False
 
     def unstable(self, now: float, children: list) -> bool:
         """The best move may still change: another move has the better value (Q) on enough
@@ -262,16 +282,21 @@ class MoveSearch:
         return max(0, cap)
 
     def _depth_cap(self, depth: int) -> int:
-        """Visits that keep lc0's average depth below ``depth + 1`` even if every new one lands
-        one ply below the deepest so far: ``go depth N`` stops at depth N, not past it."""
+        """Visits that keep lc0's average depth below ``depth + 1`` even if each new one lands one
+        ply below the one before, starting below the deepest so far: ``go depth N`` stops at
+        depth N, not past it. (Visits chain within one gather: a cache hit is expanded on the
+        spot, so the next visit can go one ply further down the same line.)"""
         tree = self.tree
-        deepest = tree.seldepth + 1
-        if deepest <= depth + 1:
-            return self.batch
         playouts = tree.playouts + self.in_flight
+        deepest = tree.seldepth + 1
         total_depth = tree.average_depth * tree.playouts + self.in_flight * deepest
-        room = (depth + 1) * playouts - total_depth
-        return max(1, math.ceil(room / (deepest - depth - 1)) - 1)
+        visits = 0
+        while visits < self.batch:
+            total_depth += deepest + visits
+            if total_depth >= (depth + 1) * (playouts + visits + 1):
+                break
+            visits += 1
+        return max(1, visits)
 
     def time_window(self, now: float) -> Optional[tuple[float, float]]:
         """(seconds the move may take, seconds left of them), or None when time is no limit."""
@@ -712,10 +737,8 @@ class MultiSearch:
         searches = {}
         for key, (board, go) in keyed.items():
             tree = self._tree(key)
-            legal = [m for m in go.searchmoves if board.is_legal(m)]
-            go = replace(go, searchmoves=legal)
-            tree.set_position(board)
-            tree.set_searchmoves(legal)
+            go = replace(go, searchmoves=[m for m in go.searchmoves if board.is_legal(m)])
+            root_tree(tree, board, go)
             budget = self._timemans[key].budget(go, board.turn, board.ply())
             searches[key] = MoveSearch(tree, board, go, budget, self.params, start)
         if searches:
@@ -961,8 +984,7 @@ class Searcher:
             with self._tree_lock:
                 if self._driver is not None:
                     self._driver.drop()
-                self.tree.set_position(board)
-                self.tree.set_searchmoves(go.searchmoves)
+                root_tree(self.tree, board, go)
                 self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started)
                 self._positioned = generation
             self._arm_watchdog()
@@ -1128,6 +1150,12 @@ class Searcher:
             move = self._move
             if move is not None and not move.budget.until_stop:
                 self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
+            if move is not None and move.pruned_at_ms is not None and self._go.movetime and result.best:
+                # A fixed movetime is what an analyst asks for; say why it was not used up (as lc0,
+                # smart pruning stops once no other move can overtake the best in the time left).
+                self.log(f"stopped after {move.pruned_at_ms} ms of {self._go.movetime}: no other move "
+                         f"can overtake {result.best} in the time left; setoption name "
+                         "SmartPruningFactor value 0 searches the whole time")
             with self._report_lock:
                 if result.info is not None and not result.info.same_search_state(self._last_info):
                     self._on_info(result.info)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.encoding import POLICY_SIZE
+from engine.encoding import POLICY_INDEX, POLICY_SIZE
 from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Searcher, q_to_cp, wdl_permille
@@ -230,6 +230,94 @@ def test_searchmoves_restricts_the_choice(searcher):
     assert rec.results[0].best in ("a2a3", "h2h4")
     for info in rec.infos:
         assert all(line.move in ("a2a3", "h2h4") for line in info.lines)
+
+
+class PeakedNetwork(FakeNetwork):
+    """All the policy on ``favourite`` wherever it is legal (white's moves at the root)."""
+
+    def __init__(self, favourite, **kwargs):
+        super().__init__(**kwargs)
+        self.favourite = POLICY_INDEX.index(favourite)
+
+    def evaluate(self, planes):
+        policy, wdl, mlh = super().evaluate(planes)
+        policy[:, self.favourite] = 12.0
+        return policy, wdl, mlh
+
+
+def _allowed_visits(tree, moves):
+    return {c["move"]: c["n"] for c in tree.root_children() if c["move"] in moves}
+
+
+@pytest.mark.parametrize("multipv", [1, 3])
+def test_searchmoves_after_a_search_search_the_allowed_moves(multipv):
+    """The issue's case: after go nodes 400 (nearly all on g1f3 here), go nodes 400 searchmoves
+    a2a3 h2h4 answered at once with h2h4, unsearched, and the old search's node count. Now the
+    node limit and the reported nodes count only the allowed moves' subtrees, which are
+    searched before one of them is played."""
+    allowed = ("a2a3", "h2h4")
+    s = Searcher(lambda: PeakedNetwork("g1f3"), SearchParams(minibatch_size=16, multipv=multipv))
+    run(s, Board(), GoParams(nodes=400))
+    assert sum(_allowed_visits(s.tree, allowed).values()) < 20    # the old search hardly looked at them
+    rec = run(s, Board(), GoParams(nodes=400, searchmoves=list(allowed)))
+    visits = _allowed_visits(s.tree, allowed)
+    assert 1 + sum(visits.values()) == s.tree.nodes >= 400
+    assert min(visits.values()) > 0
+    final = rec.results[0].info
+    assert final.nodes == s.tree.nodes
+    assert rec.results[0].best == max(visits, key=visits.get)
+    assert [line.move for line in final.lines] == sorted(allowed, key=visits.get, reverse=True)[:multipv]
+    assert all(line.move in allowed for info in rec.infos for line in info.lines)
+
+
+def test_searchmoves_under_ponder_search_the_allowed_moves_after_ponderhit():
+    allowed = ("a2a3", "h2h4")
+    s = Searcher(lambda: PeakedNetwork("g1f3"), SearchParams(minibatch_size=16, move_overhead_ms=0))
+    run(s, Board(), GoParams(nodes=300))
+    rec = Recorder()
+    s.start(Board(), GoParams(ponder=True, nodes=300, searchmoves=list(allowed)), rec.info, rec.best)
+    wait_for(lambda: s.tree.nodes >= 50, "the ponder search to run")
+    assert not rec.done.is_set()
+    s.ponderhit()
+    assert rec.done.wait(TIMEOUT)
+    s.wait(TIMEOUT)
+    visits = _allowed_visits(s.tree, allowed)
+    assert rec.results[0].best == max(visits, key=visits.get) and min(visits.values()) > 0
+    assert rec.results[0].info.nodes == 1 + sum(visits.values()) >= 300
+
+
+def test_depth_after_a_long_search_searches_to_that_depth_afresh():
+    """go depth 3 after a long search returned at once at depth 9 (a reused tree's first
+    playouts run as deep as the old search went). A depth-limited search starts from an
+    empty tree, and searches as much as a fresh engine does."""
+    fresh = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32))
+    want = run(fresh, Board(), GoParams(depth=3)).results[0]
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32))
+    run(s, Board(), GoParams(nodes=3000))
+    assert s.tree.seldepth > 3
+    got = run(s, Board(), GoParams(depth=3)).results[0]
+    assert got.info.depth == 3 and 3 <= s.tree.average_depth < 4
+    # As much work as a fresh engine's (not identical: cache hits change how batches fill).
+    assert abs(got.nodes - want.nodes) <= 0.1 * want.nodes and want.nodes > 100
+
+
+@pytest.mark.parametrize("factor", [1.33, 0.0])
+def test_movetime_cut_short_by_smart_pruning_says_so(factor):
+    """go movetime stops early (as lc0) once no other move can overtake the best one in the
+    time left, and says why in one info string, with how to search the whole time."""
+    logged = []
+    s = Searcher(lambda: PeakedNetwork("e2e4", delay=0.002),
+                 SearchParams(minibatch_size=8, move_overhead_ms=0, smart_pruning_factor=factor))
+    s.log = logged.append
+    rec = run(s, Board(), GoParams(movetime=800))
+    assert rec.results[0].best == "e2e4"
+    notes = [line for line in logged if "SmartPruningFactor value 0" in line]
+    if factor:
+        assert len(notes) == 1 and notes[0].startswith("stopped after ")
+        assert "of 800: no other move can overtake e2e4" in notes[0]
+        assert int(notes[0].split()[2]) < 800
+    else:
+        assert notes == []
 
 
 def test_multipv_reports_distinct_legal_lines():

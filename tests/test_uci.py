@@ -495,6 +495,26 @@ def test_go_with_any_combination_of_limits(eng, black):
     assert not [line for line in lines if line.startswith("bestmove")]
 
 
+def test_searchmoves_after_a_search_answer_from_the_searched_moves(eng):
+    """The issue's session: after go nodes 400, go nodes 400 searchmoves a2a3 h2h4 played h2h4
+    at once, with the old search's 400 nodes and score. The allowed moves now get the 400."""
+    eng.send("position startpos")
+    eng.go("nodes 400")
+    eng.send("position startpos")
+    lines, best = eng.go("nodes 400 searchmoves a2a3 h2h4")
+    final = [line.split() for line in lines if line.startswith("info depth")][-1]
+    assert best.split()[1] in ("a2a3", "h2h4") and final[final.index("pv") + 1] == best.split()[1]
+    assert int(final[final.index("nodes") + 1]) >= 400 and int(final[final.index("depth") + 1]) > 1
+
+
+def test_depth_after_a_long_search_reports_that_depth(eng):
+    eng.send("position startpos")
+    eng.go("nodes 800")
+    lines, _ = eng.go("depth 2")
+    depths = [int(line.split()[2]) for line in lines if line.startswith("info depth")]
+    assert depths and max(depths) == 2
+
+
 @pytest.mark.parametrize("position,go", [
     (None, "infinite"),
     (None, "infinite nodes 5"),
