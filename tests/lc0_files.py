@@ -29,13 +29,17 @@ present exactly when the file has that layer.
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import re
 import struct
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import pytest
 
 from engine.encoding import POLICY_INDEX
 from engine.network import POLICY_SIZE
@@ -537,8 +541,169 @@ def random_planes(n: int, seed: int = 0) -> np.ndarray:
     return planes
 
 
+# --------------------------------------------------------------------------- lc0's own outputs
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIA_DIR = os.environ.get("CYZERO_MAIA_DIR") or os.path.join(os.path.dirname(REPO), "shared", "fixtures")
+
+
+@dataclass(frozen=True)
+class Lc0Fixture:
+    """An lc0 network file with lc0 v0.32.1's own outputs for it, side by side in ``folder``:
+    ``NAME.pb.gz``, ``NAME.lc0.json`` (lc0's evaluation at one node: ``v`` = W - L, ``d``, ``m``
+    (moves left; 0 or absent without the head), and each legal move's policy share ``p`` in percent at
+    ``policy_temperature`` with its lc0 policy ``index``; castling named king-takes-rook) and
+    ``NAME.leela2onnx.onnx`` (lc0's own ONNX export). ``docs/recipes/lc0-fixture.py`` makes them.
+
+    ``extra`` fixtures are not in the repository; a test that needs one skips, saying what it is
+    and where a user gets it. The in-repository one is always there: a missing file is a failure.
+    """
+
+    name: str
+    folder: str
+    spec: Lc0Spec          # its shape, as reference_forward reads it
+    description: str       # how engine.lc0 describes it (a prefix)
+    extra: str = ""        # why it is not in the repository and where to get it
+
+    def path(self, kind: str) -> str:
+        suffix = {"pb": ".pb.gz", "json": ".lc0.json", "onnx": ".leela2onnx.onnx"}[kind]
+        return os.path.join(self.folder, self.name + suffix)
+
+    @property
+    def pb(self) -> str:
+        return self.path("pb")
+
+    @property
+    def onnx(self) -> str:
+        return self.path("onnx")
+
+    def missing(self) -> List[str]:
+        return [os.path.basename(self.path(k)) for k in ("pb", "json", "onnx") if not os.path.isfile(self.path(k))]
+
+    def need(self) -> "Lc0Fixture":
+        """The fixture, or a skip (an extra one) or failure (the repository's own) when a file is absent."""
+        missing = self.missing()
+        if missing and self.extra:
+            pytest.skip(f"{', '.join(missing)} not found in {os.path.normpath(self.folder)}: {self.extra}")
+        assert not missing, f"{missing} missing from {self.folder}: remake them with docs/recipes/lc0-fixture.py"
+        return self
+
+    def lc0(self) -> dict:
+        """lc0's evaluation (the JSON): {"policy_temperature": ..., "positions": [...]}."""
+        with open(self.path("json"), encoding="utf-8") as f:
+            return json.load(f)
+
+
+#: The repository's own: a 3x16 cyzero network (SE, convolutional policy, WDL, a ReLU moves-left
+#: head) written by ``cyzero-train export --lc0``, and lc0's outputs for it.
+CYZERO = Lc0Fixture("cyzero-3x16", os.path.join(REPO, "tests", "data", "lc0"),
+                    Lc0Spec(blocks=3, filters=16, se=True, se_channels=4, moves_left=True),
+                    "lc0 network 3x16 SE, classical 112-plane input, convolution policy, WDL value, "
+                    "moves-left head, ReLU")
+
+#: Maia 1100: a real network that lc0's own trainer wrote (6x64, SE, convolutional policy, WDL, no
+#: moves-left head). GPL-3.0, so never in the repository: an extra where a user has it.
+MAIA = Lc0Fixture("maia-1100", MAIA_DIR, Lc0Spec(blocks=6, filters=64, se=True, se_channels=8),
+                  "lc0 network 6x64 SE, classical 112-plane input, convolution policy, WDL value, "
+                  "no moves-left head, ReLU; trained 400000 steps",
+                  extra="Maia 1100 is a real lc0 network (GPL-3.0, so not in the repository): get "
+                        "maia_weights/maia-1100.pb.gz from CSSLab's maia-chess repository, make lc0's outputs "
+                        "for it with `docs/recipes/lc0-fixture.py --lc0 LC0 --evaluate maia-1100.pb.gz`, and "
+                        "put the three files there or name their folder in CYZERO_MAIA_DIR")
+
+
+def fixture_params(*fixtures: Lc0Fixture) -> list:
+    """pytest params of ``fixtures`` (default: the repository's own and Maia), each id'd by name;
+    the test calls ``.need()``."""
+    return [pytest.param(f, id=f.name) for f in (fixtures or (CYZERO, MAIA))]
+
+
+def shares(policy_row: np.ndarray, moves: dict, temperature: float) -> np.ndarray:
+    """lc0's policy shares in percent of ``moves`` (the JSON's {uci: {"index": i, ...}}) from one row
+    of policy logits, at ``temperature``, in the JSON's order."""
+    logits = np.array([policy_row[m["index"]] for m in moves.values()], dtype=np.float64) / temperature
+    e = np.exp(logits - logits.max())
+    return 100.0 * e / e.sum()
+
+
+# How close a correct reading comes to what lc0 printed. V is printed to 4 decimals (seen 5e-5 off);
+# D to 3, yet seen 2.3e-3 (the repository's fixture) and 2.9e-3 (Maia) off the draw probability of
+# the same network that gives V to 5e-5, and of lc0's own ONNX export; M (moves left) to 1 decimal
+# (seen 0.047 off); P to 2 decimals of a percent, computed with lc0's own fast approximate exp (seen
+# 0.034 and 0.044 off).
+LC0_TOLERANCE = {"v": 1.5e-4, "d": 4e-3, "m": 0.08, "p": 0.07}
+
+
+def assert_plays_as_lc0(lc0: dict, policy: np.ndarray, wdl: np.ndarray, mlh: Optional[np.ndarray],
+                        tolerance: Optional[Dict[str, float]] = None) -> None:
+    """``policy`` logits [N,1858], ``wdl`` [N,3] and ``mlh`` [N] (or None) at lc0's positions are what
+    lc0 evaluated, within LC0_TOLERANCE or ``tolerance`` (v, d, m, p)."""
+    tol = tolerance or LC0_TOLERANCE
+    for row, position in enumerate(lc0["positions"]):
+        fen = position["fen"]
+        assert wdl[row, 0] - wdl[row, 2] == pytest.approx(position["v"], abs=tol["v"]), fen
+        assert wdl[row, 1] == pytest.approx(position["d"], abs=tol["d"]), fen
+        ours = 0.0 if mlh is None else float(np.reshape(mlh, -1)[row])  # lc0 says 0 without the head
+        assert ours == pytest.approx(position.get("m", 0.0), abs=tol["m"]), fen
+        got = shares(policy[row], position["moves"], lc0["policy_temperature"])
+        np.testing.assert_allclose(got, [m["p"] for m in position["moves"].values()], rtol=0, atol=tol["p"],
+                                   err_msg=fen)
+
+
+_LC0_MOVE = re.compile(r"info string (\S+)\s+\(\s*(\d+)\s*\).*?\(P:\s*([\d.]+)%\)")
+_LC0_NODE = re.compile(r"info string node\s.*\(D:\s*([-\d.]+)\).*\(M:\s*([-\d.]+)\).*\(V:\s*([-\d.]+)\)")
+
+
+def lc0_evaluations(lc0: str, weights: str, fens: List[str]) -> List[dict]:
+    """lc0's own evaluation of each position at one node (``go nodes 1`` with VerboseMoveStats):
+    {"fen", "v", "d", "m" (0 without a moves-left head), "moves": {uci: {"index", "p"}}}. Each ``go``
+    is answered before the next position is sent (lc0 searches in the background)."""
+    proc = subprocess.Popen([lc0, f"--weights={weights}", "--backend=eigen", "--threads=1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def send(text: str) -> None:
+        proc.stdin.write(text + "\n")
+        proc.stdin.flush()
+
+    def lines_until(prefix: str):
+        for line in proc.stdout:
+            yield line
+            if line.startswith(prefix):
+                return
+        raise RuntimeError(f"lc0 ended before {prefix!r}")
+
+    found = []
+    try:
+        send("uci\nsetoption name VerboseMoveStats value true\nisready")
+        for _ in lines_until("readyok"):
+            pass
+        for fen in fens:
+            send(f"position fen {fen}\ngo nodes 1")
+            position: dict = {"fen": fen}
+            moves: dict = {}
+            for line in lines_until("bestmove"):
+                node, move = _LC0_NODE.search(line), _LC0_MOVE.match(line)
+                if node:
+                    position.update(v=float(node.group(3)), d=float(node.group(1)), m=float(node.group(2)))
+                elif move:
+                    moves[move.group(1)] = {"index": int(move.group(2)), "p": float(move.group(3))}
+            if "v" not in position or not moves:
+                raise RuntimeError(f"lc0 said no node or move statistics for {fen}")
+            found.append({**position, "moves": moves})
+        send("quit")
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return found
+
+
 __all__: List[str] = [
-    "ACTIVATIONS", "BN_EPSILON", "ENCODINGS", "Lc0Spec", "MAGIC", "POLICY_MAP", "conv2d", "conv_block",
+    "ACTIVATIONS", "BN_EPSILON", "CYZERO", "ENCODINGS", "LC0_TOLERANCE", "Lc0Fixture", "Lc0Spec", "MAGIC",
+    "MAIA", "POLICY_MAP", "assert_plays_as_lc0", "conv2d", "conv_block", "fixture_params",
+    "lc0_evaluations", "shares",
     "encode_layer", "f_bytes", "f_fixed32", "f_float", "f_string", "f_varint", "format_message", "make_lc0",
     "random_planes", "reference_forward", "truncated", "varint", "wrap_onnx", "write_bytes", "write_lc0",
     "wrong_magic",
