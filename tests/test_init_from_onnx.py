@@ -20,6 +20,7 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
+from lc0_files import CYZERO
 from trainer.export import export_onnx, sample_positions
 from trainer.lc0_import import (
     LC0_PARITY, OnnxImportError, OnnxParityError, check_against_onnx, compare_with_onnx, has_folded_batch_norm,
@@ -32,7 +33,6 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETS = os.path.join(REPO, "engine", "nets")
 DEFAULT = os.path.join(NETS, "default.onnx")
-LEELA2ONNX = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "maia-1100.leela2onnx.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -241,8 +241,8 @@ def test_foreign_and_mismatched_onnx_files_are_one_line_refusals(tmp_path, tiny_
         ("relu.onnx", _with_config(tiny_export, mlh_activation="relu").SerializeToString(),
          "disagrees with its own graph over 256 positions: mlh max |diff|"),
     ]
-    if os.path.isfile(LEELA2ONNX):
-        cases.append((os.path.basename(LEELA2ONNX), open(LEELA2ONNX, "rb").read(), "without cyzero's metadata"))
+    # lc0's own ONNX export of an lc0 file (leela2onnx): a network, but not one of cyzero's exports
+    cases.append((os.path.basename(CYZERO.need().onnx), open(CYZERO.onnx, "rb").read(), "without cyzero's metadata"))
     for name, data, why in cases:
         path = tmp_path / name
         path.write_bytes(data)

@@ -1,14 +1,16 @@
-"""engine.lc0 against lc0 itself: a real Maia network file, lc0's own ONNX export of it
-(``leela2onnx``) and lc0's own evaluation of it (``go nodes 1``, ``VerboseMoveStats``).
+"""engine.lc0 against lc0 itself: lc0 network files, lc0's own ONNX export of them (``leela2onnx``)
+and lc0's own evaluation of them (``go nodes 1``, ``VerboseMoveStats``).
 
-The fixtures live outside the repository (``../shared/fixtures/``, GPL-3.0 Maia weights); each
-test that needs one is skipped, with the reason shown, where it is absent.
+The repository's own fixture (``tests/data/lc0/``, a small cyzero network written by ``cyzero-train
+export --lc0`` with lc0's outputs for it, ``docs/recipes/lc0-fixture.py``) runs everywhere. Maia 1100,
+a network lc0's own trainer wrote, is an extra (GPL-3.0, never in the repository): where it is absent
+those cases are skipped, saying where a user gets it (``tests/lc0_files.py``, ``MAIA``).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
-import json
 import os
 import shutil
 
@@ -19,29 +21,12 @@ from engine.board import Board
 from engine.encoding import encode_board, encode_position, legal_policy
 from engine.lc0 import CONV_POLICY_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
 from engine.network import Network, NetworkError
+from lc0_files import CYZERO, LC0_TOLERANCE, Lc0Spec, assert_plays_as_lc0, fixture_params, make_lc0, \
+    random_planes, reference_forward, truncated, wrap_onnx, write_bytes, write_lc0, wrong_magic
 from test_uci_harness import REPO, UciEngine
-
-FIXTURES = os.path.join(os.path.dirname(REPO), "shared", "fixtures")
-MAIA = os.path.join(FIXTURES, "maia-1100.pb.gz")
-MAIA_ONNX = os.path.join(FIXTURES, "maia-1100.leela2onnx.onnx")
-MAIA_LC0 = os.path.join(FIXTURES, "maia-1100.lc0.json")
-
-needs_maia = pytest.mark.skipif(
-    not all(os.path.exists(p) for p in (MAIA, MAIA_ONNX, MAIA_LC0)),
-    reason=f"lc0 fixtures not found in {FIXTURES} (maia-1100.pb.gz and lc0's outputs for it)")
 
 # lc0 names castling king-takes-rook.
 _CASTLING = {"e1h1": "e1g1", "e1a1": "e1c1", "e8h8": "e8g8", "e8a8": "e8c8"}
-
-
-def _lc0_positions() -> list[dict]:
-    with open(MAIA_LC0, encoding="utf-8") as f:
-        return json.load(f)["positions"]
-
-
-@pytest.fixture(scope="module")
-def maia() -> Network:
-    return Network(MAIA, backend="cpu")
 
 
 def _openvino_params():
@@ -56,98 +41,151 @@ def _openvino_params():
     return params
 
 
-@needs_maia
 def test_the_conv_policy_map_is_lc0s():
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(MAIA_ONNX)
+    model = onnx.load(CYZERO.need().onnx)
     table = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["/const/mapping_table"]
     assert np.array_equal(table.astype(np.int64), CONV_POLICY_MAP)
 
 
-@needs_maia
+@pytest.mark.parametrize("fixture", fixture_params())
 @pytest.mark.parametrize("dtype, policy_tol, wdl_tol", [("float32", 5e-3, 2e-4), ("float16", 0.1, 3e-3)])
-def test_the_graph_equals_lc0s_own_export(dtype, policy_tol, wdl_tol):
+def test_the_graph_equals_lc0s_own_export(fixture, dtype, policy_tol, wdl_tol):
     """Built from the .pb.gz in memory, run on lc0's positions and on random planes (every
     input plane, rule50 counts included), the outputs are those of lc0's leela2onnx export."""
     import onnxruntime as ort
 
-    net = read_lc0_file(MAIA)
+    net = read_lc0_file(fixture.need().pb)
     ours = ort.InferenceSession(lc0_to_onnx(net, dtype), providers=["CPUExecutionProvider"])
-    theirs = ort.InferenceSession(MAIA_ONNX, providers=["CPUExecutionProvider"])
+    theirs = ort.InferenceSession(fixture.onnx, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     noise = (rng.random((6, 112, 8, 8)) < 0.1).astype(np.float32)
     noise[:, 109] = rng.integers(0, 100, (6, 1, 1))
-    planes = np.concatenate([np.stack([encode_position(p["fen"]) for p in _lc0_positions()]), noise])
-    want = theirs.run(None, {"/input/planes": planes})
-    got = ours.run(None, {"/input/planes": planes.astype(np.float16 if dtype == "float16" else np.float32)})
-    assert np.abs(got[0].astype(np.float32) - want[0]).max() < policy_tol
-    assert np.abs(got[1].astype(np.float32) - want[1]).max() < wdl_tol
+    planes = np.concatenate([np.stack([encode_position(p["fen"]) for p in fixture.lc0()["positions"]]), noise])
+    names = [o.name for o in theirs.get_outputs()]
+    assert sorted(names) == sorted(o.name for o in ours.get_outputs())
+    want = dict(zip(names, theirs.run(names, {"/input/planes": planes})))
+    got = dict(zip(names, ours.run(names, {"/input/planes": planes.astype(np.float16 if dtype == "float16"
+                                                                          else np.float32)})))
+    assert np.abs(got["/output/policy"].astype(np.float32) - want["/output/policy"]).max() < policy_tol
+    assert np.abs(got["/output/wdl"].astype(np.float32) - want["/output/wdl"]).max() < wdl_tol
+    assert ("/output/mlh" in names) == fixture.spec.moves_left
+    if fixture.spec.moves_left:  # tens of plies
+        assert np.abs(got["/output/mlh"].astype(np.float32) - want["/output/mlh"]).max() < policy_tol * 10
 
 
-@needs_maia
-def test_value_and_policy_match_lc0s_own_evaluation(maia):
-    """lc0 evaluated the file itself: V = W - L to 4 decimals, and every legal move's policy
-    share at lc0's temperature 1.359 within 0.07 percentage points (lc0 prints two decimals).
-    Three of the positions have a non-zero rule50 count: the plane is fed raw."""
-    positions = _lc0_positions()
-    assert any(int(p["fen"].split()[4]) > 0 for p in positions)
-    with open(MAIA_LC0, encoding="utf-8") as f:
-        temperature = json.load(f)["policy_temperature"]
-    for p in positions:
+def _lc0_shares(board: Board, policy_row: np.ndarray, position: dict, temperature: float):
+    """(cyzero's legal moves -> share in percent, lc0's in cyzero's names)."""
+    moves, shares = legal_policy(board, policy_row, temperature)
+    ours = dict(zip(moves, (shares * 100).tolist()))
+    theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in position["moves"].items()}
+    return ours, theirs
+
+
+@pytest.mark.parametrize("fixture", fixture_params())
+def test_value_and_policy_match_lc0s_own_evaluation(fixture):
+    """lc0 evaluated the file itself: V = W - L to its 4 printed decimals, D to its 3, moves left
+    where the net has the head, and every legal move's policy share at lc0's temperature 1.359
+    within 0.07 percentage points (lc0 prints two decimals), the legal moves named by cyzero's own
+    move generator and policy map. Three of the positions have a non-zero rule50 count: the plane is
+    fed raw."""
+    network = Network(fixture.need().pb, backend="cpu")
+    lc0 = fixture.lc0()
+    assert any(int(p["fen"].split()[4]) > 0 for p in lc0["positions"])
+    for p in lc0["positions"]:
         board = Board(p["fen"])
-        policy, wdl, mlh = maia.evaluate(encode_board(board)[None])
-        assert mlh is None
-        assert abs(float(wdl[0, 0] - wdl[0, 2]) - p["v"]) < 1.5e-4, p["fen"]
-        moves, shares = legal_policy(board, policy[0], temperature)
-        ours = dict(zip(moves, (shares * 100).tolist()))
-        theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in p["moves"].items()}
+        policy, wdl, mlh = network.evaluate(encode_board(board)[None])
+        assert abs(float(wdl[0, 0] - wdl[0, 2]) - p["v"]) < LC0_TOLERANCE["v"], p["fen"]
+        assert abs(float(wdl[0, 1]) - p["d"]) < LC0_TOLERANCE["d"], p["fen"]
+        assert (mlh is not None) == fixture.spec.moves_left, p["fen"]
+        assert abs((0.0 if mlh is None else float(mlh[0])) - p.get("m", 0.0)) < LC0_TOLERANCE["m"], p["fen"]
+        ours, theirs = _lc0_shares(board, policy[0], p, lc0["policy_temperature"])
         assert set(ours) == set(theirs), p["fen"]
-        assert max(abs(ours[m] - theirs[m]) for m in ours) < 0.07, p["fen"]
+        assert max(abs(ours[m] - theirs[m]) for m in ours) < LC0_TOLERANCE["p"], p["fen"]
 
 
-@needs_maia
+def _bump(array: np.ndarray, share: float) -> None:
+    """``array``'s largest element (in magnitude), ``share`` of it larger, in place."""
+    flat = array.reshape(-1)
+    flat[np.argmax(np.abs(flat))] *= 1.0 + share
+
+
+def _swap_se_halves(w) -> None:
+    se = w.residual[1].se
+    filters = se.b2.shape[0] // 2
+    se.w2[:] = np.concatenate([se.w2[filters:], se.w2[:filters]])
+    se.b2[:] = np.concatenate([se.b2[filters:], se.b2[:filters]])
+
+
+MISREADINGS = {
+    "one stem weight 10% off": lambda w: _bump(w.input.w, 0.1),
+    "one weight of the last block 10% off": lambda w: _bump(w.residual[-1].conv2.w, 0.1),
+    "SE scale and shift swapped": _swap_se_halves,
+    "value head's hidden biases 0.05 off": lambda w: np.add(w.ip1_val.b, 0.05, out=w.ip1_val.b),
+    "moves-left output 0.2 plies off": lambda w: np.add(w.ip2_mov.b, 0.2, out=w.ip2_mov.b),
+}
+
+
+@pytest.mark.parametrize("misreading", list(MISREADINGS))
+def test_a_misread_network_does_not_play_as_lc0_evaluates_it(misreading):
+    """The comparison with lc0's evaluation has teeth: the repository's fixture as read passes it,
+    and each small misreading of one layer fails it."""
+    import onnxruntime as ort
+
+    lc0 = CYZERO.need().lc0()
+    planes = np.stack([encode_position(p["fen"]) for p in lc0["positions"]])
+
+    def outputs(net):
+        session = ort.InferenceSession(lc0_to_onnx(net), providers=["CPUExecutionProvider"])
+        out = dict(zip(["policy", "wdl", "mlh"], session.run(["/output/policy", "/output/wdl", "/output/mlh"],
+                                                              {"/input/planes": planes})))
+        return out["policy"], out["wdl"], out["mlh"].reshape(-1)
+
+    net = read_lc0_file(CYZERO.pb)
+    assert_plays_as_lc0(lc0, *outputs(net))
+    MISREADINGS[misreading](net.weights)
+    with pytest.raises(AssertionError):
+        assert_plays_as_lc0(lc0, *outputs(net))
+
+
+@pytest.mark.parametrize("fixture", fixture_params())
 @pytest.mark.parametrize("precision", _openvino_params())
-def test_openvino_matches_lc0s_own_evaluation(precision):
-    """The same file on OpenVINO: in fp32 to lc0's printed digits as on ONNX Runtime; in bf16 V
+def test_openvino_matches_lc0s_own_evaluation(fixture, precision):
+    """The same files on OpenVINO: in fp32 to lc0's printed digits as on ONNX Runtime; in bf16 V
     within 0.02 and every policy share within 1 percentage point."""
-    net = Network(MAIA, backend="openvino", precision=precision, max_batch=1)
+    net = Network(fixture.need().pb, backend="openvino", precision=precision, max_batch=1)
     assert net.provider == "OpenVINO" and net.precision == precision
-    v_tol, p_tol = (1.5e-4, 0.07) if precision == "fp32" else (0.02, 1.0)
-    with open(MAIA_LC0, encoding="utf-8") as f:
-        temperature = json.load(f)["policy_temperature"]
-    for p in _lc0_positions():
+    v_tol, p_tol = (LC0_TOLERANCE["v"], LC0_TOLERANCE["p"]) if precision == "fp32" else (0.02, 1.0)
+    lc0 = fixture.lc0()
+    for p in lc0["positions"]:
         board = Board(p["fen"])
         policy, wdl, _ = net.evaluate(encode_board(board)[None])
         assert abs(float(wdl[0, 0] - wdl[0, 2]) - p["v"]) < v_tol, p["fen"]
-        moves, shares = legal_policy(board, policy[0], temperature)
-        ours = dict(zip(moves, (shares * 100).tolist()))
-        theirs = {_CASTLING.get(m, m) if _CASTLING.get(m) in ours else m: v["p"] for m, v in p["moves"].items()}
+        ours, theirs = _lc0_shares(board, policy[0], p, lc0["policy_temperature"])
         assert max(abs(ours[m] - theirs[m]) for m in ours) < p_tol, p["fen"]
 
 
-@needs_maia
-def test_network_reads_the_file_and_describes_it(maia):
-    with open(MAIA, "rb") as f:
-        assert maia.sha256 == hashlib.sha256(f.read()).hexdigest()   # the file's own digest
-    assert maia.lc0_description.startswith("lc0 network 6x64 SE, classical 112-plane input, convolution "
-                                           "policy, WDL value, no moves-left head, ReLU; trained 400000 steps")
-    assert maia.lc0_description in maia.description and "6x64" in maia.description
-    assert not maia.has_mlh
+@pytest.mark.parametrize("fixture", fixture_params())
+def test_network_reads_the_file_and_describes_it(fixture):
+    network = Network(fixture.need().pb, backend="cpu")
+    with open(fixture.pb, "rb") as f:
+        assert network.sha256 == hashlib.sha256(f.read()).hexdigest()   # the file's own digest
+    assert network.lc0_description.startswith(fixture.description)
+    size = f"{fixture.spec.blocks}x{fixture.spec.filters}"
+    assert network.lc0_description in network.description and size in network.description
+    assert network.has_mlh == fixture.spec.moves_left
 
 
-@needs_maia
 def test_a_damaged_file_is_refused_with_what_it_is(tmp_path):
-    with open(MAIA, "rb") as f:
+    with open(CYZERO.need().pb, "rb") as f:
         data = f.read()
     cases = {
         "truncated.pb.gz": (data[: len(data) // 2], "corrupt or truncated gzip"),
         "text.pb": (b"hello, this is not a network\n" * 10, "not an lc0 network file"),
         "empty.pb.gz": (b"", "empty"),
     }
-    import gzip
-
     raw = gzip.decompress(data)
     cases["cut.pb"] = (raw[: len(raw) // 3], "corrupt or truncated lc0 network file")
     with open(os.path.join(REPO, "engine", "nets", "default.onnx"), "rb") as f:
@@ -161,16 +199,15 @@ def test_a_damaged_file_is_refused_with_what_it_is(tmp_path):
         read_lc0(b"\x08\x01\x12\x03abc", "x.pb")
 
 
-@needs_maia
 def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path):
-    weights = tmp_path / "maia.pb.gz"
-    shutil.copy(MAIA, weights)
+    weights = tmp_path / "net.pb.gz"
+    shutil.copy(CYZERO.need().pb, weights)
     with UciEngine(options={"WeightsFile": str(weights)}) as eng:
         eng.send("position startpos moves e2e4")
         eng.send("go nodes 50")
         lines = eng.until("bestmove", timeout=60)
         said = " ".join(text for _, text in eng.lines if text.startswith("info string"))
-        assert "lc0 network 6x64 SE" in said and "maia.pb.gz" in said
+        assert "lc0 network 3x16 SE" in said and "net.pb.gz" in said
         assert lines[-1].split()[1] not in ("0000", "(none)")
         assert not eng.bad
 
@@ -178,9 +215,6 @@ def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path):
 # --------------------------------------------------------------------------- synthetic networks
 # Every member of the classical family, written by an independent writer (tests/lc0_files.py)
 # and run through the reader and the graph, against that writer's NumPy forward pass.
-
-from lc0_files import Lc0Spec, make_lc0, random_planes, reference_forward, truncated, wrap_onnx, \
-    write_bytes, write_lc0, wrong_magic  # noqa: E402
 
 FAMILY = {
     "conv-policy wdl se": Lc0Spec(se=True),

@@ -1,17 +1,19 @@
 """tests/lc0_files.py itself: the writer, its policy map and its reference forward pass.
 
 The files are read back with a tiny protobuf walker written here (not
-``engine.lc0``, not the ``protobuf`` package).  The same walker reads the real
-Maia 1100 network from ``../shared/fixtures``, and the reference forward pass
-on it is compared with lc0's own ONNX export of that file and with lc0's own
-evaluations (``maia-1100.lc0.json``): that pins the semantics the reference
-is written from (BN variances, SE layout, policy map, value head).
+``engine.lc0``, not the ``protobuf`` package).  The same walker reads the
+repository's lc0 fixture (``tests/data/lc0/``: a network ``cyzero-train export
+--lc0`` wrote, with lc0 v0.32.1's outputs for it) and, where a user has it, Maia
+1100 (a network lc0's own trainer wrote; an extra, see ``lc0_files.MAIA``), and
+the reference forward pass on each is compared with lc0's own ONNX export of
+the file and with lc0's own evaluations: that pins the semantics the reference
+is written from (BN variances, SE layout, policy map, value and moves-left
+heads) to lc0's.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import struct
 
@@ -19,18 +21,8 @@ import numpy as np
 import pytest
 
 import lc0_files as L
-from lc0_files import Lc0Spec, make_lc0, reference_forward
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
-MAIA_PB = os.path.join(FIXTURES, "maia-1100.pb.gz")
-MAIA_ONNX = os.path.join(FIXTURES, "maia-1100.leela2onnx.onnx")
-MAIA_JSON = os.path.join(FIXTURES, "maia-1100.lc0.json")
-
-
-def _need(path):
-    if not os.path.exists(path):
-        pytest.skip(f"fixture {os.path.basename(path)} not found at {os.path.normpath(FIXTURES)} (see its README)")
+from lc0_files import CYZERO, Lc0Fixture, Lc0Spec, assert_plays_as_lc0, fixture_params, make_lc0, \
+    reference_forward
 
 
 # --------------------------------------------------------------------------- a tiny protobuf walker
@@ -170,11 +162,10 @@ def network_format(data):
 # --------------------------------------------------------------------------- the policy map
 
 def test_policy_map_is_lc0s_mapping_table():
-    _need(MAIA_ONNX)
     onnx = pytest.importorskip("onnx", reason="reads the fixture with onnx: pip install 'cyzero[train]'")
     from onnx import numpy_helper
 
-    model = onnx.load(MAIA_ONNX)
+    model = onnx.load(CYZERO.need().onnx)
     table = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "/const/mapping_table"]
     assert len(table) == 1
     assert table[0].shape == (1858,)
@@ -350,51 +341,41 @@ def test_reference_refuses_attention_nets():
         reference_forward(make_lc0(spec)[1], spec, L.random_planes(1))
 
 
-def _maia():
-    _need(MAIA_PB)
-    with open(MAIA_PB, "rb") as f:
+def decode_fixture(fixture: Lc0Fixture) -> dict:
+    """The fixture's weights as the walker here reads them (not engine.lc0)."""
+    with open(fixture.need().pb, "rb") as f:
         top, weights, other = decode_net(gzip.decompress(f.read()))
     assert top[1] == L.MAGIC and not other
-    spec = Lc0Spec(blocks=6, filters=64, se=True, se_channels=8)
-    return spec, weights
+    return weights
 
 
-def test_reference_matches_lc0s_onnx_export_of_maia():
-    _need(MAIA_ONNX)
+@pytest.mark.parametrize("fixture", fixture_params())
+def test_reference_matches_lc0s_onnx_export(fixture):
     ort = pytest.importorskip("onnxruntime")
-    spec, weights = _maia()
-    assert weights["input.weights"].shape == (64, 112, 3, 3)
-    assert weights["residual.0.se.w1"].shape == (8, 64)
-    assert weights["policy.weights"].shape == (80, 64, 3, 3)
+    spec, weights = fixture.spec, decode_fixture(fixture)
+    assert weights["input.weights"].shape == (spec.filters, 112, 3, 3)
+    assert weights["residual.0.se.w1"].shape == (spec.se_channels, spec.filters)
+    assert weights["policy.weights"].shape == (80, spec.filters, 3, 3)
     planes = L.random_planes(4, seed=3)
     policy, wdl, mlh = reference_forward(weights, spec, planes)
-    session = ort.InferenceSession(MAIA_ONNX, providers=["CPUExecutionProvider"])
-    ort_policy, ort_wdl = session.run(["/output/policy", "/output/wdl"], {"/input/planes": planes})
-    assert mlh is None
-    np.testing.assert_allclose(policy, ort_policy, rtol=0, atol=2e-3)
-    np.testing.assert_allclose(wdl, ort_wdl, rtol=0, atol=1e-4)
+    session = ort.InferenceSession(fixture.onnx, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    out = dict(zip(names, session.run(names, {"/input/planes": planes})))
+    np.testing.assert_allclose(policy, out["/output/policy"], rtol=0, atol=2e-3)
+    np.testing.assert_allclose(wdl, out["/output/wdl"], rtol=0, atol=1e-4)
+    assert (mlh is None) == ("/output/mlh" not in out) == (not spec.moves_left)
+    if mlh is not None:
+        np.testing.assert_allclose(mlh, out["/output/mlh"].reshape(-1), rtol=0, atol=2e-3)
 
 
-def test_reference_matches_lc0s_own_evaluations_of_maia():
-    _need(MAIA_JSON)
+@pytest.mark.parametrize("fixture", fixture_params())
+def test_reference_matches_lc0s_own_evaluations(fixture):
     from engine.encoding import encode_position
 
-    spec, weights = _maia()
-    with open(MAIA_JSON) as f:
-        expected = json.load(f)
-    temperature = expected["policy_temperature"]
-    positions = expected["positions"]
-    planes = np.stack([encode_position(p["fen"]) for p in positions])
-    policy, wdl, _ = reference_forward(weights, spec, planes)
-    for row, position in enumerate(positions):
-        # v agrees to lc0's 4 printed decimals; lc0's printed d strays by up to 0.003 from its own
-        # ONNX export's draw probability (which the reference matches to 1e-4, test above)
-        assert wdl[row, 0] - wdl[row, 2] == pytest.approx(position["v"], abs=1e-4), position["fen"]
-        assert wdl[row, 1] == pytest.approx(position["d"], abs=4e-3), position["fen"]
-        moves = position["moves"]
-        logits = np.array([policy[row, m["index"]] for m in moves.values()]) / temperature
-        shares = np.exp(logits - logits.max())
-        shares = 100.0 * shares / shares.sum()
-        # lc0 prints shares to 0.01% and computes them with its own fast approximate exp: seen up to 0.045 off
-        np.testing.assert_allclose(shares, [m["p"] for m in moves.values()], rtol=5e-3, atol=0.05,
-                                   err_msg=position["fen"])
+    weights = decode_fixture(fixture)
+    expected = fixture.lc0()
+    planes = np.stack([encode_position(p["fen"]) for p in expected["positions"]])
+    # v to lc0's 4 printed decimals, d to its 3 (Maia's printed d strays by up to 0.003 from lc0's own
+    # ONNX export's draw probability, which the reference matches to 1e-4, test above), every share
+    # to 0.07 points
+    assert_plays_as_lc0(expected, *reference_forward(weights, fixture.spec, planes))

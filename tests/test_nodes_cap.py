@@ -5,15 +5,15 @@ The rule (``engine.limits.GoParams.with_node_cap``) is checked on its own, then 
 engine process (:class:`test_uci_harness.UciEngine`, the bundled network, Backend cpu): with a
 clock the engine stops at the cap, and at one node its move is the top policy move, computed here
 independently (``engine.network.Network`` on the file the engine loaded, python-chess legal moves
-and the reference policy map of ``encoding_reference``). The Maia 1100 fixture, when present in
-``../shared/fixtures``, must play lc0's own top policy move at ``go nodes 1``.
+and the reference policy map of ``encoding_reference``). An lc0 file must play lc0's own top policy
+move at ``go nodes 1``: the repository's lc0 fixture (``tests/data/lc0/``, evaluated by lc0 v0.32.1)
+everywhere, Maia 1100 where a user has it (an extra, ``lc0_files.MAIA``).
 
 Searches are a handful of nodes; waits only turn a hang into a failure (no timing assertions).
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 import chess
@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from encoding_reference import reference_move_index, reference_planes
+from lc0_files import Lc0Fixture, fixture_params
 from engine.limits import GoParams
+from engine.tools.puct_reference import PythonPuct
 from test_uci_harness import REPO, UciEngine, infos, info_strings, legal_bestmove
 from uci.options import MAX_NODES_PER_MOVE, engine_options
 
@@ -30,9 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 DEADLINE_S = 30.0
 CLOCK = "wtime 60000 btime 60000"
 NETS = os.path.join(REPO, "engine", "nets")
-FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
-MAIA_PB = os.path.join(FIXTURES, "maia-1100.pb.gz")
-MAIA_JSON = os.path.join(FIXTURES, "maia-1100.lc0.json")
 
 # Varied positions (both sides to move, castling rights, an endgame); those whose top two policy
 # moves are too close to call after int8 rounding are left out by _clear_tops.
@@ -212,16 +211,18 @@ def test_bad_values_are_refused_and_the_cap_stays(eng, value):
     assert max(i["nodes"] for i in found) <= 1, found
 
 
-# --------------------------------------------------------------------------- Maia
+# --------------------------------------------------------------------------- lc0's files
 
 
-def _maia_tops(gap: float) -> list[tuple[str, str]]:
-    """(fen, lc0's top policy move in cyzero's UCI) for the fixture's positions with a clear top."""
-    with open(MAIA_JSON, encoding="utf-8") as f:
-        data = json.load(f)
+def _lc0_tops(fixture: Lc0Fixture, gap: float) -> list[tuple[str, str]]:
+    """(fen, lc0's top policy move in cyzero's UCI) for the fixture's positions with a clear top and
+    no mate in one: cyzero proves a mate in one at the root before its first node (the tree's
+    ``_prove_root_mates``) and plays it, where lc0 at one node plays its top policy move."""
     out = []
-    for position in data["positions"]:
+    for position in fixture.lc0()["positions"]:
         board = chess.Board(position["fen"])
+        if PythonPuct._mates_in_one(board, list(board.legal_moves)):
+            continue
         ranked = sorted(position["moves"].items(), key=lambda kv: -kv[1]["p"])
         if len(ranked) > 1 and ranked[0][1]["p"] - ranked[1][1]["p"] < gap:
             continue
@@ -230,14 +231,13 @@ def _maia_tops(gap: float) -> list[tuple[str, str]]:
     return out
 
 
-def test_maia_at_one_node_plays_lc0s_top_policy_move():
-    for path in (MAIA_PB, MAIA_JSON):
-        if not os.path.exists(path):
-            pytest.skip(f"fixture {os.path.basename(path)} not found at {os.path.normpath(FIXTURES)} (see its README)")
-    tops = _maia_tops(gap=1.0)      # lc0's shares are in percent
+@pytest.mark.parametrize("fixture", fixture_params())
+def test_an_lc0_file_at_one_node_plays_lc0s_top_policy_move(fixture):
+    path = os.path.abspath(fixture.need().pb)
+    tops = _lc0_tops(fixture, gap=1.0)      # lc0's shares are in percent
     assert len(tops) >= 8
-    with UciEngine(options={"WeightsFile": os.path.abspath(MAIA_PB)}) as eng:
-        assert _loaded_file(eng) == os.path.basename(MAIA_PB)
+    with UciEngine(options={"WeightsFile": path}) as eng:
+        assert _loaded_file(eng) == os.path.basename(path)
         for fen, top in tops:
             found, best = _go(eng, fen, "nodes 1")
             assert max(i["nodes"] for i in found) <= 1, (fen, found)
