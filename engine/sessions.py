@@ -48,6 +48,8 @@ import ctypes
 import glob
 import os
 import re
+import shutil
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -172,7 +174,7 @@ def _why_provider_failed(provider: str, error: BaseException | None) -> str:
     """A short reason why a GPU provider could not be used, for the one fallback line."""
     library = _provider_library(provider)
     if library is None:
-        return "not built into this onnxruntime"
+        return CPU_BUILD if CUDA not in available_providers() else "not built into this onnxruntime"
     try:
         # The same dlopen ONNX Runtime did; its error names the first missing library.
         ctypes.CDLL(library)
@@ -611,6 +613,24 @@ def make_sizes(factory, data: bytes, provider: str, sizes, batch_dim: Optional[s
 # --------------------------------------------------------------------------- provider choice
 
 
+CPU_BUILD = "this onnxruntime is the CPU build: make engine GPU=1, or pip install onnxruntime-gpu"
+
+
+def nvidia_gpu_visible() -> bool:
+    """Whether this process may see an NVIDIA GPU: a driver's device files on Linux (or WSL's
+    GPU device), the driver's nvidia-smi on Windows, and a CUDA_VISIBLE_DEVICES that hides
+    none. ``Backend=auto`` tries no GPU runtime where there is none (onnxruntime-gpu on a CPU
+    machine would otherwise explain at every start which CUDA library it lacks), and says
+    when there is one that this onnxruntime cannot use."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    if sys.platform == "win32":
+        return shutil.which("nvidia-smi") is not None
+    if not sys.platform.startswith("linux"):
+        return False
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/gpus", "/dev/dxg"))
+
+
 def gpu_attempts(backend: str, listed: list[str]) -> list[str]:
     """The GPU providers to try for ``backend``, best first (``auto``: those ``listed``)."""
     if backend in ("cpu", "openvino"):
@@ -637,6 +657,10 @@ def open_session(factory, data: bytes, backend: str, name: str, log: Callable[[s
     failures: list[str] = []  # "CUDA unavailable (reason)", joined into the one line
     cpu_session = None
     attempts = gpu_attempts(backend, factory.listed())
+    if backend == "auto" and attempts and not nvidia_gpu_visible():
+        attempts = []               # a CPU machine: nothing to say about CUDA
+    elif backend == "auto" and not attempts and nvidia_gpu_visible():
+        failures.append(f"CUDA unavailable ({CPU_BUILD})")   # a GPU that this runtime cannot use
     if attempts:
         factory.prepare_gpu()
     for wanted in attempts:

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -486,9 +487,75 @@ def test_auto_says_in_one_line_what_it_took_and_why(tiny, tmp_path):
     else:
         assert got["provider"] == "CPUExecutionProvider"
         assert line.endswith("using ONNX Runtime's CPU path") and "OpenVINO unavailable" in line, line
-    for provider in got["listed"]:   # onnxruntime-gpu: the GPU it wanted, and why not, come first
-        assert {"CUDAExecutionProvider": "CUDA", "TensorrtExecutionProvider": "TensorRT"}[provider] \
-            + " unavailable (" in line
+    # The child sees no GPU (CUDA_VISIBLE_DEVICES=""): even onnxruntime-gpu, which lists CUDA and
+    # TensorRT, gets no word about them (a CPU machine's every start named the CUDA library missing).
+    assert "CUDA" not in line and "TensorRT" not in line, (got["listed"], line)
+
+
+class _FakeFactory:
+    """open_session's view of a runtime: what it lists, and a session per provider it can make."""
+
+    def __init__(self, listed, works):
+        self._listed, self.works, self.asked = listed, works, []
+
+    def listed(self):
+        return self._listed
+
+    def prepare_gpu(self):
+        pass
+
+    def why_failed(self, provider, error):
+        return "no device"
+
+    def openvino_missing(self):
+        return "not installed"
+
+    def make(self, data, provider, batch=None):
+        self.asked.append(provider)
+        if provider not in self.works:
+            raise RuntimeError("cannot")
+        return types.SimpleNamespace(providers=[provider])
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-machine", "gpu-machine"])
+@pytest.mark.parametrize("ort", ["cpu-build", "gpu-build"])
+def test_auto_mentions_cuda_only_where_there_is_a_gpu(monkeypatch, gpu, ort):
+    from engine import sessions
+
+    monkeypatch.setattr(sessions, "nvidia_gpu_visible", lambda: gpu)
+    gpu_build = ort == "gpu-build"
+    listed = ([sessions.TENSORRT, sessions.CUDA] if gpu_build else []) + [sessions.CPU]
+    factory = _FakeFactory(listed, works={sessions.CPU})
+    lines = []
+    session = sessions.open_session(factory, b"", "auto", "net.onnx", lines.append)
+    assert session.providers == [sessions.CPU]
+    if not gpu:
+        assert factory.asked == [sessions.CPU] and lines == ["OpenVINO unavailable (not installed); "
+                                                             "using ONNX Runtime's CPU path"]
+    elif gpu_build:
+        assert lines[0].startswith("TensorRT unavailable (no device)")
+    else:
+        assert lines[0].startswith("CUDA unavailable (this onnxruntime is the CPU build: make engine GPU=1")
+
+
+@pytest.mark.parametrize("env,files,platform,want", [
+    ({}, {"/dev/nvidiactl"}, "linux", True),
+    ({}, {"/dev/dxg"}, "linux", True),
+    ({}, set(), "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": ""}, {"/dev/nvidiactl"}, "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, {"/dev/nvidia0"}, "linux", False),
+    ({"CUDA_VISIBLE_DEVICES": "1"}, {"/dev/nvidia0"}, "linux", True),
+    ({}, set(), "darwin", False),
+])
+def test_nvidia_gpu_visible_reads_the_drivers_devices(monkeypatch, env, files, platform, want):
+    from engine import sessions
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sessions.os.path, "exists", lambda p: p in files)
+    monkeypatch.setattr(sessions.sys, "platform", platform)
+    assert sessions.nvidia_gpu_visible() is want
 
 
 @pytest.mark.parametrize("backend", ["openvino", "auto"])
