@@ -423,6 +423,15 @@ def test_status_shows_the_learners_step_rate_the_window_its_age_games_per_hour_a
             "6.5 training positions/s allow 97.5 steps a minute)") in text
 
 
+def test_a_learner_rate_of_a_few_steps_is_measuring_not_a_figure(tmp_path, fake_daemon_for):
+    """Issue 46: at its first steps the learner read '87.2 samples/s' (the loader starting, the
+    network warming up); status says it measures until 10 steps, and gives no time from it."""
+    run, now = learner_run(tmp_path, fake_daemon_for, rate_steps=3, samples_per_s=87.2)
+    text = format_status(run_status(run, now=now), now=now)
+    assert "  training    step 68: samples/s measuring (3 steps so far) (as of 1 s ago)" in text
+    assert "  next gen    generation 1 at step 100, 32 steps to go: measuring: the learner's samples/s" in text
+
+
 def test_a_learner_that_stopped_or_vanished_is_said_so(tmp_path, fake_daemon_for):
     run, now = learner_run(tmp_path, fake_daemon_for, state="stopped", time=9_880.0)
     text = format_status(run_status(run, now=now), now=now)

@@ -175,7 +175,8 @@ class ReplayConfig:
     beta: float = _f(0.4, "window growth factor (KataGo's beta)", above=0.0)
     max_samples_per_position: float = _f(8.0, "cap on samples drawn in all, per training position in the "
                                          "store: past it the learner waits for new games (or stops)", above=0.0)
-    val_percent: float = _f(5.0, "share of chunks (by name hash) held out for validation", min=0.0, max=100.0)
+    val_percent: float = _f(5.0, "share held out for validation: of self-play's games from the first on, of other "
+                               "chunks by name hash", min=0.0, max=100.0)
     workers: int = _f(2, "loader worker processes per rank", min=0)
     prefetch: int = _f(4, "batches each rank's loader keeps ready", min=1)
     validation_positions: int = _f(1024, "held-out positions evaluated at every log interval and checkpoint, "

@@ -134,6 +134,17 @@ def _from_store(games: list, out: dict, training_share: float, now: float) -> di
     return out
 
 
+def learner_rate(learner: dict, metrics: dict | None = None) -> float | None:
+    """The learner's samples/s while training once settled (measured over :data:`LEARNER_SETTLE_STEPS`
+    steps or more), else None; without a rate in ``learner.json``, the last log line's (``metrics``)."""
+    rate, steps = learner.get("samples_per_s"), learner.get("rate_steps")
+    if not rate and metrics:
+        rate, steps = metrics.get("samples_per_s"), None
+    if not isinstance(rate, (int, float)) or rate <= 0:
+        return None
+    return float(rate) if steps is None or steps >= LEARNER_SETTLE_STEPS else None
+
+
 def next_generation(learner: dict | None, data: dict, selfplay: dict | None, metrics: dict | None,
                     *, max_samples_per_position: float) -> dict | None:
     """When the learner exports its next generation (see the module docstring): ``generation``,
@@ -153,12 +164,9 @@ def next_generation(learner: dict | None, data: dict, selfplay: dict | None, met
     out: dict[str, Any] = {"generation": (learner.get("generation") or 0) + 1, "step": at, "steps_left": left,
                            "eta_s": None, "limited_by": None, "measuring": None, "steps_allowed_now": None,
                            "data_steps_per_s": None, "learner_samples_per_s": None}
-    rate = learner.get("samples_per_s")
-    measured_steps = learner.get("rate_steps")
-    if rate is None and metrics:  # an older learner.json: the last log line's rate
-        rate, measured_steps = metrics.get("samples_per_s"), LEARNER_SETTLE_STEPS
-    settled = bool(rate) and (measured_steps is None or measured_steps >= LEARNER_SETTLE_STEPS)
-    out["learner_samples_per_s"] = rate if settled else None
+    rate = learner_rate(learner, metrics)
+    settled = rate is not None
+    out["learner_samples_per_s"] = rate
     cap = learner.get("max_samples_per_position") or max_samples_per_position
     drawn = learner.get("samples_drawn") or 0
     allowed = math.floor((cap * data["training_positions"] - drawn) / batch)  # negative: games owed first
@@ -186,4 +194,4 @@ def next_generation(learner: dict | None, data: dict, selfplay: dict | None, met
     return out
 
 
-__all__ = ["selfplay_speed", "next_generation", "duration", "SETTLE_S", "LEARNER_SETTLE_STEPS", "RATE_SPAN_S"]
+__all__ = ["selfplay_speed", "next_generation", "learner_rate", "duration", "SETTLE_S", "LEARNER_SETTLE_STEPS", "RATE_SPAN_S"]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from trainer.estimate import duration
+from trainer.estimate import duration, learner_rate
 from trainer.report import describe_next_generation, describe_selfplay, run_status
 
 REFRESH_S = 2.0        # a terminal's lines are redrawn this often
@@ -39,7 +39,7 @@ def display_lines(status: dict) -> tuple[str, ...]:
     elif learner.get("running") is False:
         learn = f"step {learner['step']:,}: not running (logs/learner.log says why)"
     else:
-        rate = learner.get("samples_per_s")
+        rate = learner_rate(learner, status.get("metrics"))
         learn = (f"step {learner['step']:,}, " + (f"{rate:,.0f} samples/s" if rate else "samples/s measuring")
                  + (", waiting for games" if learner.get("state") == "waiting" else ""))
     window = (status.get("data") or {}).get("window")

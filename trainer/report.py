@@ -31,7 +31,7 @@ from trainer.atomic import atomic_open, json_objects
 from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
 )
-from trainer.estimate import RATE_SPAN_S, next_generation, selfplay_speed  # noqa: F401 - RATE_SPAN_S re-exported
+from trainer.estimate import RATE_SPAN_S, learner_rate, next_generation, selfplay_speed  # noqa: F401 - RATE_SPAN_S re-exported
 from trainer.estimate import duration as _duration
 
 # The run directory's files, as their writers name them (trainer.learner, trainer.daemon,
@@ -545,10 +545,13 @@ def _format_learner(status: dict, now: float) -> list[str]:
         return [f"  training    not running: last seen at step {step}, {as_of} (it ended without a word: "
                 "see logs/learner.log)"]
     metrics = status.get("metrics") or {}
-    if learner["samples_per_s"]:
-        rate = f"{learner['samples_per_s']:,.1f} samples/s while training"
-    elif _num(metrics.get("samples_per_s")):
-        rate = f"{metrics['samples_per_s']:,.1f} samples/s at the last log (step {_number(metrics.get('step'))})"
+    settled = learner_rate(learner, metrics)
+    if settled is not None and learner["samples_per_s"]:
+        rate = f"{settled:,.1f} samples/s while training"
+    elif settled is not None:
+        rate = f"{settled:,.1f} samples/s at the last log (step {_number(metrics.get('step'))})"
+    elif learner["samples_per_s"]:
+        rate = f"samples/s measuring ({_plural(learner['rate_steps'], 'step')} so far)"
     else:
         rate = "samples/s not measured yet"
     if learner["state"] == "waiting":
