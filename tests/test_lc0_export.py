@@ -302,4 +302,5 @@ def test_lc0_itself_plays_the_round_tripped_file_as_it_plays_the_original(tmp_pa
         assert got["m"] == pytest.approx(expected.get("m", 0.0), abs=ROUND_TRIP["m"])
         assert set(got["moves"]) == set(expected["moves"])
         for move, share in got["moves"].items():
-            assert share["p"] == pytest.approx(expected["moves"][move]["p"], abs=ROUND_TRIP["p"]), (expected["fen"], move)
+            want = expected["moves"][move]["p"]
+            assert share["p"] == pytest.approx(want, abs=ROUND_TRIP["p"]), (expected["fen"], move)
