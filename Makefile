@@ -1,7 +1,8 @@
 # cyzero: set up, build, run, test.
 #
 #   make engine   set up .venv with what the engine needs (numpy, python-chess, pyzmq, msgpack,
-#                 ONNX Runtime; no torch), build the Cython core, start the UCI engine
+#                 the CPU runtimes ONNX Runtime and OpenVINO, or onnxruntime-gpu with GPU=1;
+#                 no torch), build the Cython core, start the UCI engine
 #   make test     the engine's set-up, plus torch (TORCH) and the train and dev extras, then the
 #                 whole test suite, in parallel, with the reasons of skipped tests listed (-rs)
 #                 (TESTS=tests/test_x.py picks files, ARGS='-k name' adds pytest options)
@@ -24,25 +25,36 @@
 # only; `make test`, `make train` and `make gpu-check` add torch and the train
 # and dev extras to the same venv when they first need them.
 #
+# GPU=1 installs onnxruntime-gpu (the `gpu` extra) in place of ONNX Runtime's CPU build, GPU=0
+# the CPU runtimes only; the default is 1 where `nvidia-smi` answers. A venv switched either
+# way keeps one onnxruntime: the two builds are one import package.
+#
 # TORCH is installed on its own, before the extras, so that no dependency
 # pulls an unpinned (multi-GB CUDA) torch. It is a pip requirement followed by
-# pip options if you like, e.g. a CPU-only build:
-#   make TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' test
+# pip options if you like. TORCH_INDEX is the index pip takes torch (and only torch) from:
+# without a GPU on Linux, PyTorch's CPU wheels spare a multi-GB CUDA build:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+GPU ?=
 TESTS ?= tests
 RUN ?= runs/cpu
 ARGS ?=
 
 VPY := $(VENV)/bin/python
+comma := ,
 PIP := $(VPY) -m pip
 # The engine's dependencies and the project (editable) are installed.
 ENGINE_STAMP := $(VENV)/.cyzero-engine
 # ... and torch (TORCH) with the train and dev extras.
 STAMP := $(VENV)/.cyzero-installed
 TORCH_SPEC := $(VENV)/.cyzero-torch
+# Which onnxruntime the venv holds (GPU): a change reinstalls the engine's runtime.
+RUNTIME_SPEC := $(VENV)/.cyzero-runtime
+GPU_EXTRA := $(if $(filter 1,$(or $(GPU),$(shell nvidia-smi -L >/dev/null 2>&1 && echo 1))),gpu)
 # The Cython core was built from these sources: the engine starts without running setup.py again.
 BUILT := $(VENV)/.cyzero-built
 CORE_SOURCES := $(wildcard cython_src/*.pyx) $(wildcard engine/*.pxd) setup.py
@@ -53,45 +65,53 @@ all: build
 
 venv install: $(STAMP)
 
-# Rewritten only when the TORCH spec changes, so that a new spec reinstalls.
+# Rewritten only when the TORCH spec (or GPU) changes, so that a new spec reinstalls.
 # printf, not echo: the spec goes into the file as one word-for-word line.
 $(TORCH_SPEC): FORCE
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
-	@printf '%s\n' "$$CYZERO_TORCH" | cmp -s - $@ || printf '%s\n' "$$CYZERO_TORCH" > $@
+	@printf '%s\n' "$$CYZERO_TORCH $$CYZERO_TORCH_INDEX" | cmp -s - $@ || printf '%s\n' "$$CYZERO_TORCH $$CYZERO_TORCH_INDEX" > $@
+
+$(RUNTIME_SPEC): FORCE
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
+	@printf 'GPU=%s\n' "$(GPU_EXTRA)" | cmp -s - $@ || printf 'GPU=%s\n' "$(GPU_EXTRA)" > $@
 
 # The TORCH spec reaches the shell through the environment, never pasted into a
 # recipe: quotes in it cannot break out. It is split into words on purpose
 # (requirement, then pip options); each word is still passed to pip as one argument.
+# TORCH_INDEX becomes pip's --index-url for the torch install alone (PyTorch's CPU index holds
+# torch's own dependencies too); unset, pip uses its usual index, which is all some machines reach.
 export CYZERO_TORCH := $(TORCH)
+export CYZERO_TORCH_INDEX := $(TORCH_INDEX)
 
-# onnxruntime and onnxruntime-gpu are one import package: never keep both. (A plain onnxruntime
-# pulled in by something else is removed, and onnxruntime-gpu reinstalled over the files it shared.)
+# onnxruntime and onnxruntime-gpu are one import package: keep only the one GPU asks for. The
+# other is removed, and the one kept reinstalled over the files they shared. (The project needs
+# onnxruntime, so with GPU=1 pip installs both and the CPU build goes here.)
 define ONE_ONNXRUNTIME
-	@if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && $(PIP) show -q onnxruntime >/dev/null 2>&1; then \
-		echo "removing plain onnxruntime: onnxruntime-gpu replaces it on Linux x86_64" >&2; \
-		$(PIP) uninstall -y onnxruntime >&2; \
-		if $(PIP) show -q onnxruntime-gpu >/dev/null 2>&1; then \
-			$(PIP) install --force-reinstall --no-deps onnxruntime-gpu >&2; \
-		fi; \
+	@keep=$(if $(GPU_EXTRA),onnxruntime-gpu,onnxruntime); \
+	drop=$(if $(GPU_EXTRA),onnxruntime,onnxruntime-gpu); \
+	if $(PIP) show -q $$drop >/dev/null 2>&1; then \
+		echo "removing $$drop: GPU=$(if $(GPU_EXTRA),1,0) keeps $$keep (make engine GPU=$(if $(GPU_EXTRA),0,1) switches)" >&2; \
+		$(PIP) uninstall -y $$drop >&2; \
+		$(PIP) install --force-reinstall --no-deps $$keep >&2; \
 	fi
 endef
 
 # The engine: Cython and numpy first (the build needs them in the venv itself: `make build`
 # compiles in place), then the project with its own dependencies, compiled once, in place, with
 # -j 2 (a pip install -e would compile it again, one module after another, for a minute more).
-$(ENGINE_STAMP): setup.py pyproject.toml
+$(ENGINE_STAMP): setup.py pyproject.toml $(RUNTIME_SPEC)
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
 	@$(PIP) install -q --upgrade pip >&2
-	$(ONE_ONNXRUNTIME)
 	@$(PIP) install 'cython>=3.0' numpy setuptools wheel >&2
 	@$(VPY) setup.py build_ext --inplace -j 2 >&2
-	@$(PIP) install --no-build-isolation -e . >&2
+	@$(PIP) install --no-build-isolation -e '.$(if $(GPU_EXTRA),[gpu])' >&2
+	$(ONE_ONNXRUNTIME)
 	@touch $@ && touch $(BUILT)
 
 # The rest, for tests and training: the pinned torch first, then the extras.
 $(STAMP): $(ENGINE_STAMP) $(TORCH_SPEC)
-	@set -f; $(PIP) install $$CYZERO_TORCH >&2
-	@$(PIP) install --no-build-isolation -e '.[train,dev]' >&2
+	@set -f; $(PIP) install $$CYZERO_TORCH $${CYZERO_TORCH_INDEX:+--index-url "$$CYZERO_TORCH_INDEX"} >&2
+	@$(PIP) install --no-build-isolation -e '.[train,dev$(if $(GPU_EXTRA),$(comma)gpu)]' >&2
 	$(ONE_ONNXRUNTIME)
 	@touch $@
 

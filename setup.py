@@ -101,9 +101,9 @@ def extensions():
     )
 
 
-# PEP 508 markers have no "not": the second is the first one negated by hand.
-ORT_GPU = 'platform_system == "Linux" and platform_machine == "x86_64"'
-ORT_CPU = 'platform_system != "Linux" or platform_machine != "x86_64"'
+# Where onnxruntime-gpu publishes wheels (CUDA on Linux x86-64 and Windows).
+ORT_GPU = ('(platform_system == "Linux" and platform_machine == "x86_64")'
+           ' or (platform_system == "Windows" and platform_machine == "AMD64")')
 X86_64 = 'platform_machine == "x86_64" or platform_machine == "AMD64"'
 
 setup(
@@ -115,6 +115,15 @@ setup(
     else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
+    license="GPL-3.0-or-later",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Cython",
+        "Operating System :: POSIX :: Linux",
+        "Topic :: Games/Entertainment :: Board Games",
+        "Intended Audience :: End Users/Desktop",
+    ],
     packages=["engine", "engine.nets", "engine.tools", "uci", "trainer"],
     package_data={"engine": ["*.pxd", "*.pyi", "py.typed"], "engine.tools": ["openings.txt", "mates.epd"], "uci": ["py.typed"], "trainer": ["py.typed", "configs/*.toml"], "engine.nets": ["*.onnx", "*.onnx.sha256", "*.json", "*.md"]},
     ext_modules=extensions(),
@@ -125,13 +134,17 @@ setup(
         "msgpack",
         # engine.lc0 builds an lc0 weights file's graph with it (imported only for such a file).
         "onnx",
-        f"onnxruntime-gpu; {ORT_GPU}",
-        f"onnxruntime; {ORT_CPU}",
+        # ONNX Runtime's CPU build; the `gpu` extra brings onnxruntime-gpu, which is the same
+        # import package: keep one (make engine GPU=1 removes this one; docs/troubleshooting.md).
+        "onnxruntime",
         # The CPU runtime where it was measured faster than ONNX Runtime's own CPU path
         # (x86-64: AMX, AVX-512 VNNI; docs/cpu.md); without it the engine runs on ONNX Runtime.
         f"openvino>=2025.1; {X86_64}",
     ],
     extras_require={
+        # CUDA and TensorRT (docs/gpu.md): `make engine GPU=1`, or pip install '.[gpu]' and then
+        # pip uninstall onnxruntime, as onnxruntime's own install notes say.
+        "gpu": [f"onnxruntime-gpu; {ORT_GPU}"],
         # torch itself: install the pin you want first (see the Makefile's TORCH);
         # onnxscript is imported by torch.onnx.export's default (dynamo) exporter.
         "train": ["torch", "onnxscript", "tqdm", "matplotlib", "tensorboard"],
