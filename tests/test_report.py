@@ -195,14 +195,15 @@ def test_plot_draws_the_store_before_the_learner_logs(tmp_path, capsys):
     plot draws them (data.png) instead of saying there is nothing to plot."""
     run = tmp_path / "run"
     store = ReplayStore(run)
-    for i in range(3):
-        store.append_games([_game()] * 2, generation=0, source="selfplay")
+    for i in range(3):  # the daemon holds out the first game (issue 46): the chart shows it from the start
+        store.append_games([_game()] * 2, generation=0, source="selfplay", held_out=i == 0, val_percent=5.0)
     assert main(["plot", str(run)]) == 0
     written = capsys.readouterr().out.split()
     assert [os.path.basename(p) for p in written] == ["data.png"]
     assert panels(written[0]) == {
-        "positions in the replay store": ("linear", ["positions:selfplay"]),
-        "self-play games per hour (in 1.0 min bins)": ("linear", ["selfplay_games_per_hour"])}
+        "positions in the replay store": ("linear", ["positions:selfplay", "positions:validation"]),
+        "self-play games finished per hour (in 1.0 min bins; games in play not counted)":
+            ("linear", ["selfplay_games_per_hour"])}
 
 
 def test_read_jsonl_skips_garbage_lines(tmp_path):

@@ -18,6 +18,7 @@ matplotlib when it draws.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -289,10 +290,7 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
     is not a run directory."""
     run_dir = check_run_dir(run_dir)
     now = time.time() if now is None else now
-    try:
-        config = load_effective_config(run_dir)
-    except ValueError:  # a config the user is editing, say: the defaults' window, not an error
-        config = TrainConfig()
+    config = _run_config(run_dir)
     chunks = read_manifest(run_dir)
     daemon_part = _daemon_status(run_dir)
     checkpoints = list_checkpoints(run_dir)
@@ -325,6 +323,14 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
         **daemon_part,
         "evaluation": _newest_evaluation(run_dir),
     }
+
+
+def _run_config(run_dir: str) -> TrainConfig:
+    """The run's config in use (a config the user is editing, say, gives the defaults, not an error)."""
+    try:
+        return load_effective_config(run_dir)
+    except ValueError:
+        return TrainConfig()
 
 
 def _data_status(chunks: list[Chunk], config: TrainConfig) -> dict:
@@ -787,7 +793,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     if others:
         save(_panels(plt, f"{title}: other metrics", others, "learner step"), "other")
     if chunks:
-        save(_data_chart(plt, chunks, title), "data")
+        save(_data_chart(plt, chunks, title, _run_config(run_dir).replay.val_percent), "data")
     if gates:
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
         for accepted, style in ((True, dict(fmt="o", color="tab:green", label="accepted (published)")),
@@ -891,8 +897,9 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
     return fig
 
 
-def _data_chart(plt, chunks: list[Chunk], title: str):
-    """The replay store over time: positions stored (by source) and self-play games per hour."""
+def _data_chart(plt, chunks: list[Chunk], title: str, val_percent: float):
+    """The replay store over time: positions stored (by source, and those held out for validation)
+    and self-play games finished per hour."""
     start = min(c.time for c in chunks)
     span = max(c.time for c in chunks) - start
     unit, size = (("hours", 3600.0) if span >= 3 * 3600 else ("minutes", 60.0) if span >= 180
@@ -910,6 +917,11 @@ def _data_chart(plt, chunks: list[Chunk], title: str):
         top.plot(xs, ys, marker="o", markersize=3 if len(xs) < 200 else 1, linewidth=1.2, label=source,
                  gid=f"positions:{source}")
         values += ys
+    held = list(itertools.accumulate(c.positions if is_validation(c.name, val_percent) else 0 for c in ordered))
+    if any(held):
+        top.plot([(c.time - start) / size for c in ordered], held, marker="o", markersize=3 if len(held) < 200 else 1,
+                 linewidth=1.2, color="tab:red", label="held out for validation (all sources)",
+                 gid="positions:validation")
     top.set_title("positions in the replay store", fontsize=10)
     top.set_ylabel("positions")
     _style_y(top, values, log=False)  # a running total: its growth reads best on a linear scale
@@ -934,7 +946,8 @@ def _data_chart(plt, chunks: list[Chunk], title: str):
         rates = [bins.get(k, 0) * 3600.0 / seconds for k, (_, seconds) in spans.items()]
         bottom.plot(centres, rates, marker="o", markersize=3, linewidth=1.2, color="tab:green",
                     label="selfplay games/h", gid="selfplay_games_per_hour")
-        bottom.set_title(f"self-play games per hour (in {_duration(width)} bins)", fontsize=10)
+        bottom.set_title(f"self-play games finished per hour (in {_duration(width)} bins; games in play not counted)",
+                         fontsize=10)
         _style_y(bottom, rates, log=False)
         bottom.set_ylim(bottom=0)
     else:
