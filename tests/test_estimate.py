@@ -74,7 +74,7 @@ def test_the_early_rate_counts_the_games_in_play_and_gives_no_time_before_the_fi
     assert describe_next_generation(nxt, {"selfplay": selfplay}).startswith(
         "measuring: the first 64 games are still in play (5 finished")
     assert describe_next_generation(nxt, {"selfplay": selfplay}, short=True) == (
-        "measuring until the first 64 games end (within 11.4 min of the start)")
+        "measuring until the first 64 games end (5 have)")
     assert describe_selfplay(selfplay, short=True) == (
         "5 games finished, 64 in play; 7.0 positions/s played, games/h measuring")
 

@@ -25,8 +25,7 @@ def test_the_lines_say_games_speed_step_rate_window_and_the_next_generation():
     play, learn, nxt = display_lines(status())
     assert play == "self-play  38 games finished, 64 in play; 5.5 positions/s played, games/h measuring"
     assert learn == "learner    step 27, 83 samples/s, waiting for games; window 903 positions"
-    assert nxt == ("next gen   generation 1 at step 100: measuring until the first 64 games end (within 14.6 min "
-                   "of the start)")
+    assert nxt == "next gen   generation 1 at step 100: measuring until the first 64 games end (38 have)"
     settled = {**SELFPLAY, "games_per_hour": 3250.0, "first_games_done": True, "measuring": None}
     soon = {**NEXT, "eta_s": 150.0, "measuring": None, "data_steps_per_s": 0.2}
     play, learn, nxt = display_lines(status(selfplay=settled, next_generation=soon))
@@ -68,7 +67,7 @@ def test_off_a_terminal_it_prints_one_plain_line_a_minute():
     assert "(+1.0 min) self-play  38 games finished, 64 in play" in lines[0]
     assert "(+2.0 min) self-play" in lines[1] and " | learner    step 27" in lines[1]
     assert lines[1].endswith(" | next gen   generation 1 at step 100: measuring until the first 64 games end "
-                             "(within 14.6 min of the start)")
+                             "(38 have)")
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()  # plain lines for a log file
     display.write("cyzero-train run: published generation 1 (networks/gen-00001.onnx)")
     assert out.getvalue().splitlines()[-1] == "cyzero-train run: published generation 1 (networks/gen-00001.onnx)"

@@ -5,7 +5,7 @@ Three lines, what ``cyzero-train status`` would say in short (the same
 
     self-play  38 games finished, 64 in play; 5.5 positions/s played, games/h measuring
     learner    step 27, 83 samples/s, waiting for games; window 903 positions
-    next gen   generation 1 at step 100: measuring until the first 64 games end (within 14.6 min of the start)
+    next gen   generation 1 at step 100: measuring until the first 64 games end (38 have)
 
 On a terminal they are tqdm lines updated in place every :data:`REFRESH_S`, and the
 daemon's own lines (``published generation 1``, a worker restarted) are written above them;

@@ -605,9 +605,8 @@ def describe_next_generation(nxt: dict, status: dict, *, short: bool = False) ->
         selfplay = status.get("selfplay") or {}
         if short and nxt["limited_by"] == "selfplay" and selfplay.get("games_in_flight") and not \
                 selfplay.get("first_games_done"):
-            longest = selfplay.get("longest_game_s")
-            return (f"measuring until the first {selfplay['games_in_flight']:,} games end"
-                    + (f" (within {_duration(longest)} of the start)" if longest else ""))
+            return (f"measuring until the first {selfplay['games_in_flight']:,} games end "
+                    f"({min(selfplay['games_finished'], selfplay['games_in_flight']):,} have)")
         return "measuring" + (f": {nxt['measuring']}" if nxt["measuring"] and not short else "")
     eta = f"in about {_duration(nxt['eta_s'])}"
     if short:
