@@ -708,7 +708,8 @@ cdef _parse_board_part(Pos* p, str part):
     rows = part.split("/")
     if len(rows) != 8:
         raise ValueError(f"invalid fen: board field needs 8 ranks separated by '/', got {len(rows)}")
-    cdef int rank, file_, pt, color, sq
+    cdef int rank, file_, pt, color
+    cdef int sq = 0     # the last piece's square ('~' follows a piece, so it is always set first)
     cdef str c, prev
     for i, row in enumerate(rows):
         rank = 7 - i
