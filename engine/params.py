@@ -3,7 +3,7 @@
 :class:`SearchParams` is the single source. The tree's settings
 (:meth:`SearchParams.tree_settings` -> ``engine.tree.Tree.configure``), the
 UCI options (``uci.options`` declares one per parameter with a ``uci`` name),
-the options table in the README, the self-play configuration and the Python
+the options table in docs/engine.md, the self-play configuration and the Python
 reference search (``engine.tools.puct_reference``) all derive from it, so a
 default is never written twice. See docs/architecture.md.
 
@@ -36,7 +36,7 @@ class Param:
     min: Optional[float]      # inclusive bounds (None for bool)
     max: Optional[float]
     unit: str                 # "" for a pure number
-    meaning: str              # one line, for the README and `uci` help
+    meaning: str              # one line, for docs/engine.md and `uci` help
     uci: Optional[str]        # the UCI option's name; None: not a UCI option
     tree: bool                # passed to engine.tree.Tree.configure
 
@@ -178,7 +178,7 @@ _TYPES = {"float": float, "int": int, "bool": bool}
 
 
 def markdown_table() -> str:
-    """The table of search parameters as Markdown: README.md holds it between its
+    """The table of search parameters as Markdown: docs/engine.md holds it between its
     ``params-table`` markers, and tests/test_params.py keeps the two equal."""
     lines = ["| UCI option | type | default | range | unit | meaning |",
              "|---|---|---|---|---|---|"]

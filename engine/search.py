@@ -50,7 +50,7 @@ BATCHES_PER_BUDGET = 8
 FIRST_TIMED_BATCH = 16
 # MinibatchSize 0 on a network of variable shapes (the CPU): leaves per batch. At the few
 # hundred nodes a move a CPU searches, a big batch is one virtual-loss sweep rather than a
-# best-first search: at 10+0.1, 8 beat 256 by 36-2-2 and 16 by 49-34-17 (README, "Search
+# best-first search: at 10+0.1, 8 beat 256 by 36-2-2 and 16 by 49-34-17 (docs/engine.md, "Search
 # parameters", has the matches).
 CPU_MINIBATCH = 8
 # stop: how long the best move waits for the tree lock (held by the search thread while it
