@@ -132,7 +132,7 @@ def engine_options() -> list[Option]:
         Option("Ponder", "check", False),
         # Caps the nodes of every move (0: no cap), for GUIs and bots that send only clocks:
         # 1 plays the network's top policy move after one evaluation, as lc0 plays Maia with
-        # `go nodes 1`. `go nodes N` searches min(N, cap); `go infinite` is not capped (the
+        # `go nodes 1` (but a mate in one, found at the root, is played). `go nodes N` searches min(N, cap); `go infinite` is not capped (the
         # rule: engine.limits.GoParams.with_node_cap). Not lc0's: lc0 has no such option.
         Option("NodesPerMove", "spin", 0, 0, MAX_NODES_PER_MOVE),
         Option("UCI_ShowWDL", "check", False),
