@@ -95,6 +95,8 @@ CYZERO_CASES = {
     "bench tree": (["bench", "tree", "--seconds", "0.01"], "playouts/s"),
     "bench uci": (["bench", "uci", "--trials", "1", "--starts", "1", "--movetimes", "10"], "stop -> bestmove"),
     "bench search": (["bench", "search", "--seconds", "0.01"], "nodes"),
+    "bench null": (["bench", "null", "--seconds", "0.01", "--batches", "8", "--positions", "1", "--lc0", "none"],
+                   "nodes/s"),
     "bench mates": (["bench", "mates", "--nodes", "1"], "%"),
     "match": (["match", "--engine2", RANDOM_MOVER, "--games", "2", "--nodes", "1"], "Elo difference"),
 }
