@@ -82,7 +82,7 @@ def selfplay_speed(chunks: Iterable[_Chunk], daemon: dict | None, workers: dict 
         "measuring": None, "over_s": None,
     }
     if not running:
-        return _from_store(games, out, training_share, now) if games else None
+        return _from_store(games, out, training_share) if games else None
     started = daemon.get("started") if daemon else None
     since = [c for c in games if not isinstance(started, (int, float)) or c.time >= started]
     out["games_finished"] = sum(c.games for c in since)
@@ -117,7 +117,7 @@ def selfplay_speed(chunks: Iterable[_Chunk], daemon: dict | None, workers: dict 
     return out
 
 
-def _from_store(games: list, out: dict, training_share: float, now: float) -> dict | None:
+def _from_store(games: list, out: dict, training_share: float) -> dict:
     """No daemon running: the store's last :data:`RATE_SPAN_S` of self-play, up to its newest game."""
     end = games[-1].time
     begin = max(end - RATE_SPAN_S, games[0].time)
