@@ -90,7 +90,7 @@ def test_cyzero_alone_prints_a_row_per_batch_and_position(capsys, monkeypatch):
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["32"])]
     assert [(r[0], r[1]) for r in rows] == [("8", "startpos"), ("8", "middlegame"),
                                             ("32", "startpos"), ("32", "middlegame")]
-    assert "lc0" not in "".join(" ".join(r) for r in rows)
+    assert all(len(r) == 6 for r in rows)    # no lc0 columns
     assert "total, MinibatchSize 8: cyzero" in out and "total, MinibatchSize 32: cyzero" in out
     assert "load average" in out and f"set {bench.LC0_ENV}" in out
 
@@ -108,7 +108,10 @@ def test_lc0_figures_come_from_its_info_lines(standin_lc0, capsys, monkeypatch):
         lc0 = row["lc0"]
         assert lc0["nodes"] == STANDIN_NODES and lc0["lc0_nps"] == STANDIN_NPS and lc0["lc0_time_ms"] == 20
         assert lc0["seconds"] > 0 and row["lc0_nodes_per_s"] == pytest.approx(STANDIN_NODES / lc0["seconds"], rel=1e-3)
-        assert row["cyzero"]["nodes"] > 0
+        assert row["cyzero"]["nodes"] > 0 and row["cyzero"]["cpu_seconds"] > 0
+        assert lc0["cpu_seconds"] >= 0     # the stand-in's own CPU time, start-up included
+        assert row["cyzero_nodes_per_cpu_s"] == pytest.approx(row["cyzero"]["nodes"] / row["cyzero"]["cpu_seconds"],
+                                                              rel=1e-3)
         assert row["ratio"] == pytest.approx(row["cyzero_nodes_per_s"] / row["lc0_nodes_per_s"], rel=1e-2, abs=1e-3)
     for batch in ("8", "16"):
         total = summary["totals"][batch]
@@ -129,10 +132,11 @@ def test_lc0_rows_are_printed_with_the_ratio(standin_lc0, capsys):
     assert cli.main(["bench", "null", "--seconds", "0.05", "--batches", "8", "--positions", "1",
                      "--lc0", str(script)]) == 0
     out = capsys.readouterr().out
-    assert "lc0 nodes/s" in out and "ratio" in out
+    assert "--- lc0 ---" in out and "cpu ratio" in out
     row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["8", "startpos"])
-    assert len(row) == 7     # batch, position, cyzero nodes/s, mean batch, depth, lc0 nodes/s, ratio
-    assert "cyzero / lc0 =" in out
+    # batch, position; cyzero: nodes/s, nodes/cpu-s, mean batch, depth; lc0: nodes/s, nodes/cpu-s; ratio, cpu ratio
+    assert len(row) == 10
+    assert "cyzero / lc0 =" in out and "per CPU second" in out
 
 
 def test_a_missing_lc0_is_one_clear_error(tmp_path, capsys):

@@ -1699,7 +1699,9 @@ NULL_NOTE = (
     "a new game before each search) on a network that costs nothing: fixed outputs built once "
     "and sliced per batch, shaped as lc0's random backend (policy logits uniform in [0, 3), "
     "Q uniform in [-1, 1], D uniform in [0, 1 - |Q|]), so that the trees are alike; "
-    "nodes/s = playouts over the wall time from go to bestmove"
+    "nodes/s = playouts over the wall time from go to bestmove; nodes/cpu-s = over the CPU time "
+    "the process used meanwhile (cyzero: this process; lc0: its process, start-up included), which "
+    "a busy machine disturbs less"
 )
 
 
@@ -1778,7 +1780,10 @@ def lc0_search(binary: str, fen: str, batch: int, seconds: float) -> dict:
     cyzero side's new game): nodes and the wall time from go to bestmove, and lc0's own nps."""
     import subprocess
 
+    import resource
+
     command = [binary, *LC0_FLAGS, f"--minibatch-size={batch}"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         engine = _UciProcess(command, subprocess.DEVNULL)
     except OSError as e:
@@ -1796,9 +1801,11 @@ def lc0_search(binary: str, fen: str, batch: int, seconds: float) -> dict:
         raise BenchError(f"lc0 ({binary}): {e}") from None
     finally:
         engine.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)   # the process has been waited for
     info = parse_lc0_info(lines)
     return {"nodes": info["nodes"], "seconds": elapsed, "lc0_nps": info.get("nps"),
-            "lc0_time_ms": info.get("time")}
+            "lc0_time_ms": info.get("time"),
+            "cpu_seconds": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)}
 
 
 def _null_searcher(net: NullNetwork, batch: int):
@@ -1813,15 +1820,21 @@ def _null_searcher(net: NullNetwork, batch: int):
 
 def _cyzero_null_search(searcher, net: NullNetwork, fen: str, seconds: float) -> dict:
     calls, positions = net.calls, net.positions
+    cpu = time.process_time()
     playouts, elapsed, bytes_per_node = _timed_search(searcher, fen, seconds)
-    return {"nodes": playouts, "seconds": elapsed, "calls": net.calls - calls,
+    return {"nodes": playouts, "seconds": elapsed, "cpu_seconds": time.process_time() - cpu,
+            "calls": net.calls - calls,
             "evaluated": net.positions - positions, "average_depth": round(searcher.tree.average_depth, 2),
             "bytes_per_node": round(bytes_per_node, 2)}
 
 
-def _rate(runs: list[dict]) -> float:
-    seconds = sum(r["seconds"] for r in runs)
+def _rate(runs: list[dict], key: str = "seconds") -> float:
+    seconds = sum(r[key] for r in runs)
     return sum(r["nodes"] for r in runs) / seconds if seconds else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 @register(
@@ -1855,36 +1868,42 @@ def bench_null(args: argparse.Namespace) -> int:
             f"an empty tree and NN cache, as cyzero's new game); ratio = cyzero / lc0")
     say(f"machine: {processor.describe()}; load average {load_before[0]:.2f} at the start")
     say("")
-    say(f"{'batch':>6}  {'position':<12}{'cyzero nodes/s':>16}{'mean batch':>12}{'depth':>7}"
-        + (f"{'lc0 nodes/s':>14}{'ratio':>8}" if lc0 else ""))
+    say(f"{'':>20}{'--------- cyzero ---------':>42}" + (f"{'----------- lc0 -----------':>30}" if lc0 else ""))
+    say(f"{'batch':>6}  {'position':<12}{'nodes/s':>12}{'nodes/cpu-s':>13}{'mean batch':>12}{'depth':>7}"
+        + (f"{'nodes/s':>12}{'nodes/cpu-s':>13}{'ratio':>7}{'cpu ratio':>11}" if lc0 else ""))
     rows = []
     for batch in args.batches:
         searcher = _null_searcher(net, batch)
         for name, fen in positions:
             cy = _cyzero_null_search(searcher, net, fen, args.seconds)
             row = {"batch": batch, "name": name, "fen": fen, "cyzero": cy,
-                   "cyzero_nodes_per_s": round(cy["nodes"] / cy["seconds"], 1)}
+                   "cyzero_nodes_per_s": round(_rate([cy]), 1),
+                   "cyzero_nodes_per_cpu_s": round(_rate([cy], "cpu_seconds"), 1)}
+            line = (f"{batch:>6}  {name:<12}{_fmt_int(row['cyzero_nodes_per_s']):>12}"
+                    f"{_fmt_int(row['cyzero_nodes_per_cpu_s']):>13}"
+                    f"{cy['evaluated'] / max(1, cy['calls']):>12.1f}{cy['average_depth']:>7.1f}")
             if lc0:
                 lc = lc0_search(lc0, fen, batch, args.seconds)
-                row["lc0"] = lc
-                row["lc0_nodes_per_s"] = round(lc["nodes"] / lc["seconds"], 1)
-                row["ratio"] = round(row["cyzero_nodes_per_s"] / row["lc0_nodes_per_s"], 3) \
-                    if row["lc0_nodes_per_s"] else None
+                row.update(lc0=lc, lc0_nodes_per_s=round(_rate([lc]), 1),
+                           lc0_nodes_per_cpu_s=round(_rate([lc], "cpu_seconds"), 1))
+                row["ratio"] = _ratio(row["cyzero_nodes_per_s"], row["lc0_nodes_per_s"])
+                row["cpu_ratio"] = _ratio(row["cyzero_nodes_per_cpu_s"], row["lc0_nodes_per_cpu_s"])
+                line += (f"{_fmt_int(row['lc0_nodes_per_s']):>12}{_fmt_int(row['lc0_nodes_per_cpu_s']):>13}"
+                         f"{row['ratio'] or 0:>7.2f}{row['cpu_ratio'] or 0:>11.2f}")
             rows.append(row)
-            mean_batch = cy["evaluated"] / cy["calls"] if cy["calls"] else 0.0
-            say(f"{batch:>6}  {name:<12}{_fmt_int(row['cyzero_nodes_per_s']):>16}{mean_batch:>12.1f}"
-                f"{cy['average_depth']:>7.1f}"
-                + (f"{_fmt_int(row['lc0_nodes_per_s']):>14}{row['ratio']:>8.2f}" if lc0 else ""))
+            say(line)
         searcher.abort()
         searcher.wait()
     totals = {}
     for batch in args.batches:
         mine = [r for r in rows if r["batch"] == batch]
-        total = {"cyzero_nodes_per_s": round(_rate([r["cyzero"] for r in mine]), 1)}
+        total = {"cyzero_nodes_per_s": round(_rate([r["cyzero"] for r in mine]), 1),
+                 "cyzero_nodes_per_cpu_s": round(_rate([r["cyzero"] for r in mine], "cpu_seconds"), 1)}
         if lc0:
             total["lc0_nodes_per_s"] = round(_rate([r["lc0"] for r in mine]), 1)
-            total["ratio"] = round(total["cyzero_nodes_per_s"] / total["lc0_nodes_per_s"], 3) \
-                if total["lc0_nodes_per_s"] else None
+            total["lc0_nodes_per_cpu_s"] = round(_rate([r["lc0"] for r in mine], "cpu_seconds"), 1)
+            total["ratio"] = _ratio(total["cyzero_nodes_per_s"], total["lc0_nodes_per_s"])
+            total["cpu_ratio"] = _ratio(total["cyzero_nodes_per_cpu_s"], total["lc0_nodes_per_cpu_s"])
         totals[str(batch)] = total
     load_after = os.getloadavg()
     summary = {
@@ -1905,9 +1924,11 @@ def bench_null(args: argparse.Namespace) -> int:
         return 0
     print()
     for batch, total in totals.items():
-        print(f"total, MinibatchSize {batch}: cyzero {_fmt_int(total['cyzero_nodes_per_s'])} nodes/s"
-              + (f", lc0 {_fmt_int(total['lc0_nodes_per_s'])} nodes/s: cyzero / lc0 = {total['ratio']:.2f}"
-                 if lc0 else ""))
+        print(f"total, MinibatchSize {batch}: cyzero {_fmt_int(total['cyzero_nodes_per_s'])} nodes/s "
+              f"({_fmt_int(total['cyzero_nodes_per_cpu_s'])} a CPU second)"
+              + (f", lc0 {_fmt_int(total['lc0_nodes_per_s'])} nodes/s ({_fmt_int(total['lc0_nodes_per_cpu_s'])} "
+                 f"a CPU second): cyzero / lc0 = {total['ratio'] or 0:.2f} ({total['cpu_ratio'] or 0:.2f} per "
+                 "CPU second)" if lc0 else ""))
     if not lc0:
         print(f"(set {LC0_ENV} to an lc0 binary, or pass --lc0, to measure lc0's random backend beside it)")
     print(f"machine: {summary['processor']}; load average {load_before[0]:.2f} at the start, "
