@@ -335,6 +335,10 @@ class SessionFactory:
             providers = [cuda, CPU]
         else:
             providers = [CPU]
+        # Only those this build has: ONNX Runtime warns on stderr about any other (the CPU build
+        # about CUDA); the session then shows that it did not get the one asked for.
+        listed = set(ort.get_available_providers())
+        providers = [p for p in providers if (p[0] if isinstance(p, tuple) else p) in listed]
         # enable_fallback=0: ONNX Runtime's own fallback prints a banner to stdout (the UCI channel).
         return OrtSession(ort.InferenceSession(data, options, providers=providers, enable_fallback=0))
 

@@ -104,7 +104,7 @@ def test_the_package_metadata_names_the_cpu_runtime_a_gpu_extra_and_the_licence(
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     info = next(out.glob("*.egg-info"))
-    pkg_info = (info / "PKG-INFO").read_text()
+    pkg_info = (info / "PKG-INFO").read_text(encoding="utf-8")
     requires = [line.split(":", 1)[1].strip() for line in pkg_info.splitlines() if line.startswith("Requires-Dist:")]
     assert "onnxruntime" in requires
     gpu = [r for r in requires if r.startswith("onnxruntime-gpu")]
