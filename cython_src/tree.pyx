@@ -1004,46 +1004,68 @@ cdef class Tree:
         return self._children(self.core.root, self.core.root_pos)
 
     cdef list _children(self, uint32_t ni, Pos pos):
+        """The children of ``ni`` in ``_child_rank``'s order (ranked in C with ``_ranks_before``,
+        ties in edge order as a stable sort keeps them), one dict each."""
         cdef Node* node = &self.core.nodes[ni]
         cdef list out = []
-        cdef int i
+        cdef int i, j, k, n = node.num_edges
         cdef uint32_t ci = node.child
         cdef Node* c
         cdef char buf[8]
         cdef int ln
+        cdef uint32_t child_of[256]
+        cdef RankKey keys[256]
+        cdef int order[256]
         if not (node.flags & NODE_EXPANDED):
             return out
-        for i in range(node.num_edges):
+        for i in range(n):
+            child_of[i] = 0
+            if ci and self.core.nodes[ci].edge_idx == i:
+                child_of[i] = ci
+                ci = self.core.nodes[ci].sibling
+            keys[i] = _rank_key(&self.core, child_of[i])
+            # Insertion sort, stable: i goes after every earlier edge it does not rank before.
+            j = i
+            while j > 0 and _ranks_before(&keys[i], &keys[order[j - 1]]):
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = i
+        for k in range(n):
+            i = order[k]
             e = self.core.edges[node.edges + i]
             ln = move_to_uci(&pos, e.move, buf)
-            info = dict(move=buf[:ln].decode("ascii"), n=0, in_flight=0, q=None, d=None, m=None,
-                        prior=e.prior / 65535.0, proven=None, edge=i)
-            if ci and self.core.nodes[ci].edge_idx == i:
-                c = &self.core.nodes[ci]
-                ci = c.sibling
-                info["n"] = c.n
-                info["in_flight"] = c.n_in_flight
-                if c.n:
-                    info["q"] = c.wl
-                    info["d"] = c.d
-                    info["m"] = _m_value(c)
+            if child_of[i]:
+                c = &self.core.nodes[child_of[i]]
                 if c.flags & NODE_PROVEN:
-                    info["proven"] = int(c.bound)
-                    info["q"] = float(c.bound)
-                    info["d"] = 1.0 if c.bound == 0 else 0.0
-                    info["m"] = float(c.m >> 4)
-            out.append(info)
-        out.sort(key=_child_rank)
+                    out.append({"move": buf[:ln].decode("ascii"), "n": c.n, "in_flight": c.n_in_flight,
+                                "q": float(c.bound), "d": 1.0 if c.bound == 0 else 0.0,
+                                "m": float(c.m >> 4), "prior": e.prior / 65535.0,
+                                "proven": int(c.bound), "edge": i})
+                elif c.n:
+                    out.append({"move": buf[:ln].decode("ascii"), "n": c.n, "in_flight": c.n_in_flight,
+                                "q": c.wl, "d": c.d, "m": _m_value(c), "prior": e.prior / 65535.0,
+                                "proven": None, "edge": i})
+                else:
+                    out.append({"move": buf[:ln].decode("ascii"), "n": 0, "in_flight": c.n_in_flight,
+                                "q": None, "d": None, "m": None, "prior": e.prior / 65535.0,
+                                "proven": None, "edge": i})
+            else:
+                out.append({"move": buf[:ln].decode("ascii"), "n": 0, "in_flight": 0, "q": None,
+                            "d": None, "m": None, "prior": e.prior / 65535.0, "proven": None, "edge": i})
         return out
 
     def best_move(self):
-        """The move to play (UCI), or None when the root has no legal move or was never expanded."""
-        children = self.root_children()
-        if self._allowed:
-            children = [c for c in children if c["move"] in self._allowed] or children
-        if not children:
+        """The move to play (UCI), or None when the root has no legal move or was never expanded:
+        the first of ``root_children()`` among the searchmoves (all moves when none of them is
+        there), found in C without building that list (the search asks after every batch)."""
+        cdef Node* r = &self.core.nodes[self.core.root]
+        cdef int edge
+        if not (r.flags & NODE_EXPANDED) or r.num_edges == 0:
             return None
-        return children[0]["move"]
+        edge = _best_edge(&self.core, self.core.root, self.core.root_filter != NULL)
+        if edge < 0:
+            edge = _best_edge(&self.core, self.core.root, False)
+        return _uci_of(&self.core.root_pos, self.core.edges[r.edges + edge].move)
 
     def pv(self, first=None, int max_length=64):
         """Principal variation from the root (optionally starting with ``first``), as UCI strings."""
@@ -1138,43 +1160,64 @@ cdef int _rank_group(const Node* c) noexcept nogil:
     return 1
 
 
-cdef int _best_edge(TreeCore* t, uint32_t ni) noexcept nogil:
+cdef struct RankKey:
+    int group                # _rank_group: 0 proven win, 1 open or drawn, 3 proven loss
+    double m                 # plies to the end, for the proven
+    uint32_t n
+    double q                 # -2 for a child without visits
+
+
+cdef inline RankKey _rank_key(const TreeCore* t, uint32_t ci) noexcept nogil:
+    """The ranking key of the child node ``ci`` (0: an edge without a node), as ``_child_rank``."""
+    cdef RankKey k
+    cdef const Node* c
+    k.group = 1
+    k.m = 0.0
+    k.n = 0
+    k.q = -2.0
+    if ci:
+        c = &t.nodes[ci]
+        k.group = _rank_group(c)
+        k.n = c.n
+        if c.flags & NODE_PROVEN:
+            k.q = c.bound
+            k.m = c.m >> 4
+        elif c.n:
+            k.q = c.wl
+    return k
+
+
+cdef inline bint _ranks_before(const RankKey* a, const RankKey* b) noexcept nogil:
+    """Whether ``a`` comes strictly before ``b`` in ``root_children()``'s order (``_child_rank``:
+    proven wins, shortest first; then visits, then q; proven losses last, longest first)."""
+    if a.group != b.group:
+        return a.group < b.group
+    if a.group == 0:
+        return a.m < b.m
+    if a.group == 3:
+        return a.m > b.m
+    return a.n > b.n or (a.n == b.n and a.q > b.q)
+
+
+cdef int _best_edge(TreeCore* t, uint32_t ni, bint filtered=False) noexcept nogil:
     """The edge that heads root_children()'s order at node ``ni`` (``_child_rank``, ties to the
-    earlier edge, as the stable sort keeps them), or -1 for a node without edges."""
+    earlier edge, as the stable sort keeps them), or -1 for a node without edges. ``filtered``:
+    only edges the root's searchmoves allow (-1 when none is there)."""
     cdef Node* node = &t.nodes[ni]
-    cdef uint32_t ci = node.child
-    cdef Node* c
-    cdef int i, best = -1, group, best_group = 9
-    cdef double m, best_m = 0.0, q, best_q = 0.0
-    cdef uint32_t n, best_n = 0
-    cdef bint better
+    cdef uint32_t ci = node.child, here
+    cdef int i, best = -1
+    cdef RankKey key, best_key = _rank_key(t, 0)
     for i in range(node.num_edges):
-        group = 1
-        n = 0
-        q = -2.0
-        m = 0.0
+        here = 0
         if ci and t.nodes[ci].edge_idx == i:
-            c = &t.nodes[ci]
-            ci = c.sibling
-            group = _rank_group(c)
-            n = c.n
-            if c.flags & NODE_PROVEN:
-                q = c.bound
-                m = c.m >> 4
-            elif c.n:
-                q = c.wl
-        if best < 0 or group < best_group:
-            better = True
-        elif group > best_group:
-            better = False
-        elif group == 0:
-            better = m < best_m
-        elif group == 3:
-            better = m > best_m
-        else:
-            better = n > best_n or (n == best_n and q > best_q)
-        if better:
-            best, best_group, best_m, best_n, best_q = i, group, m, n, q
+            here = ci
+            ci = t.nodes[ci].sibling
+        if filtered and t.root_filter != NULL and not _in_filter(t, t.edges[node.edges + i].move):
+            continue
+        key = _rank_key(t, here)
+        if best < 0 or _ranks_before(&key, &best_key):
+            best = i
+            best_key = key
     return best
 
 

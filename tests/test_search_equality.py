@@ -28,6 +28,7 @@ from engine.encoding import POLICY_SIZE
 from engine.limits import GoParams
 from engine.params import SearchParams
 from engine.search import Searcher
+from engine.tree import _child_rank
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "search_visits.json")
 NODES = 300
@@ -148,6 +149,46 @@ def test_the_search_computes_what_it_recorded(recorded, name, fen, moves, search
     assert got["root"] == expected["root"]                 # every root move's visits, Q, D, proof
     assert got["below"] == expected["below"]               # node for node, one ply down
     assert got == expected                                 # best move, ponder, pv, node counts
+
+
+def _ranked_as_python(tree, allowed=()) -> None:
+    """root_children() is ranked in C; the order must be the one the Python key gives (stable, so
+    ties stay in edge order), and best_move() its first move among ``allowed`` (all when none)."""
+    children = tree.root_children()
+    in_edge_order = sorted(children, key=lambda c: c["edge"])
+    assert [c["edge"] for c in in_edge_order] == list(range(len(children)))
+    assert children == sorted(in_edge_order, key=_child_rank)
+    moves = [c["move"] for c in children]
+    ranked = [m for m in moves if m in allowed] or moves
+    assert tree.best_move() == (ranked[0] if ranked else None)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("name,fen,moves,searchmoves", POSITIONS, ids=[p[0] for p in POSITIONS])
+def test_root_children_and_best_move_rank_as_the_python_key(name, fen, moves, searchmoves, batch):
+    board = _board(fen, moves)
+    searcher = _search(board, batch, searchmoves)
+    _ranked_as_python(searcher.tree, searchmoves)
+    for move in [c["move"] for c in searcher.tree.root_children()[:2]]:
+        again = _search(board, batch, searchmoves)
+        child = board.copy()
+        child.push_uci(move)
+        again.tree.set_position(child)       # a node one ply down, with its own proven and open children
+        _ranked_as_python(again.tree)
+
+
+def test_best_move_keeps_to_searchmoves_and_falls_back_to_all():
+    searcher = _search(Board(), 8, ())
+    tree = searcher.tree
+    top = tree.root_children()[0]["move"]
+    tree.set_searchmoves(["h2h3", "a2a3"])               # searched little or not at all
+    _ranked_as_python(tree, ("h2h3", "a2a3"))
+    assert tree.best_move() in ("h2h3", "a2a3")
+    tree.set_searchmoves(["e2e5"])                       # not legal: restricts nothing
+    assert tree.best_move() == top
+    tree.set_searchmoves(None)
+    assert tree.best_move() == top
+    assert Searcher(lambda: HashNetwork()).tree.best_move() is None   # never expanded
 
 
 if __name__ == "__main__":
