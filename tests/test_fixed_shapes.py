@@ -19,7 +19,7 @@ from engine.limits import GoParams
 from engine.network import NetworkError, fixed_batch_sizes
 from engine.params import SearchParams
 from engine.search import CPU_MINIBATCH, MultiSearch, Searcher, default_pipeline, search_batch
-from engine.tools.gpu_standin import SimulatedGPU, simulated_network
+from engine.tools.gpu_standin import PROFILES, SimulatedGPU, simulated_gpu, simulated_network
 from engine.weights import default_weights_path
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -44,6 +44,15 @@ def search(net, go: GoParams, params: SearchParams | None = None) -> Searcher:
 
 
 # --------------------------------------------------------------------------- the network
+
+
+def test_the_h200_profile_costs_half_the_h100s_and_a_wrong_name_says_which_exist():
+    h100, h200 = simulated_gpu("h100"), simulated_gpu("h200", new_shape_s=0.002)
+    for size in (1, 8, 256):
+        assert h200.seconds_for(size) == pytest.approx(h100.seconds_for(size) / 2)
+    assert h200.new_shape_s == 0.002 and h100.new_shape_s == SimulatedGPU().new_shape_s
+    with pytest.raises(ValueError, match="choose one of " + ", ".join(PROFILES)):
+        simulated_gpu("h300")
 
 
 def test_a_gpu_network_keeps_one_warmed_session_per_fixed_size():

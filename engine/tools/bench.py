@@ -1385,10 +1385,14 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate_gpu_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--simulate-gpu", action="store_true",
+    from engine.tools.gpu_standin import PROFILES
+
+    parser.add_argument("--simulate-gpu", nargs="?", const="h100", default=None, choices=sorted(PROFILES),
+                        metavar="PROFILE",
                         help="run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
-                             "costs for a 6x64, a stall at each new input shape) instead of "
-                             "ONNX Runtime, to see the search and the batching without a GPU")
+                             "costs for a 6x64, or h200: half of them; a stall at each new input shape) "
+                             "instead of ONNX Runtime, to see the search and the batching without a GPU "
+                             "(default profile: h100)")
 
 
 class _CountingNetwork:
@@ -1524,7 +1528,7 @@ def bench_search(args: argparse.Namespace) -> int:
     if args.simulate_gpu:
         from engine.tools.gpu_standin import simulated_network
 
-        net, _ = simulated_network(args.net, log=notes.append, **options)
+        net, _ = simulated_network(args.net, profile=args.simulate_gpu, log=notes.append, **options)
     else:
         net = _engine_network(args.net, args.backend, args.threads, options, notes.append)
     counted = _CountingNetwork(net)
@@ -1616,7 +1620,7 @@ def bench_search(args: argparse.Namespace) -> int:
         "bytes_per_node": round(sum(p["bytes_per_node"] for p in positions) / len(positions), 2),
         "batch": batch,
         "batch_sizes": list(net.batch_sizes),
-        "simulated_gpu": bool(args.simulate_gpu),
+        "simulated_gpu": args.simulate_gpu or False,
         "provider": net.provider,
         "network": net.description,
         "positions": positions,

@@ -4,7 +4,8 @@ It takes the place of the session factory under the real
 :class:`engine.network.Network` (``Network(path, backend="cuda",
 session_factory=SimulatedGPU())``), so the per-size sessions, the padding and
 the warm-up at load are what a test or a benchmark exercises. Its sessions
-cost what was measured on an H100 for the 6x64 network bundled then (stages 1-7):
+cost what was measured on an H100 for the 6x64 network bundled then (stages 1-7), or with
+the ``h200`` profile half of it (:data:`PROFILES`):
 
 * a fixed cost per call (0.4 ms) and a cost per position (12 us): 74,000
   positions/s at batch 256;
@@ -38,6 +39,13 @@ from engine.sessions import CPU, CUDA
 H100_CALL_S = 0.0004
 H100_POSITION_S = 12e-6
 H100_NEW_SHAPE_S = 0.5
+# A faster device, as an H200 (or the next one) runs a small network: half the H100's call
+# overhead and per-position cost, about 148,000 positions/s at batch 256. Not measured on an
+# H200 (none has run cyzero yet): a profile for asking whether the search keeps up with it.
+PROFILES = {
+    "h100": (H100_CALL_S, H100_POSITION_S),
+    "h200": (H100_CALL_S / 2, H100_POSITION_S / 2),
+}
 _PIECE_VALUES = np.array([1.0, 3.0, 3.0, 5.0, 9.0, 0.0], np.float32)
 
 
@@ -201,11 +209,20 @@ def _material_outputs(planes: np.ndarray, outputs: dict) -> None:
         outputs[MLH_NAME].fill(40.0)
 
 
-def simulated_network(path: str | None = None, gpu: Optional[SimulatedGPU] = None,
+def simulated_gpu(profile: str = "h100", **costs) -> SimulatedGPU:
+    """The stand-in with a device's costs from :data:`PROFILES` (``costs`` override them)."""
+    if profile not in PROFILES:
+        raise ValueError(f"no GPU stand-in profile {profile!r}: choose one of {', '.join(PROFILES)}")
+    call_s, position_s = PROFILES[profile]
+    return SimulatedGPU(**{"call_s": call_s, "position_s": position_s, **costs})
+
+
+def simulated_network(path: str | None = None, gpu: Optional[SimulatedGPU] = None, profile: str = "h100",
                       **options) -> tuple[Network, SimulatedGPU]:
-    """A real :class:`Network` (the bundled file unless ``path``) on a simulated GPU."""
+    """A real :class:`Network` (the bundled file unless ``path``) on a simulated GPU (``profile``'s
+    costs unless ``gpu`` is given)."""
     from engine.weights import default_weights_path
 
-    gpu = gpu or SimulatedGPU()
+    gpu = gpu or simulated_gpu(profile)
     net = Network(path or default_weights_path(), backend="cuda", session_factory=gpu, **options)
     return net, gpu
