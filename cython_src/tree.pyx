@@ -928,20 +928,7 @@ cdef class Tree:
         """Visits of the root (lc0's node count). Under searchmoves only the root's own visit and
         the allowed moves' subtrees count: a node limit and the reported nodes are about the
         moves being searched, not about what an earlier search left under the others."""
-        cdef Node* r = &self.core.nodes[self.core.root]
-        cdef uint32_t ci
-        cdef Node* c
-        cdef long total
-        if self.core.root_filter == NULL or not (r.flags & NODE_EXPANDED):
-            return r.n
-        total = 1 if r.n else 0
-        ci = r.child
-        while ci:
-            c = &self.core.nodes[ci]
-            if _in_filter(&self.core, self.core.edges[r.edges + c.edge_idx].move):
-                total += c.n
-            ci = c.sibling
-        return total
+        return _root_nodes(&self.core)
 
     @property
     def playouts(self):
@@ -1066,6 +1053,62 @@ cdef class Tree:
         if edge < 0:
             edge = _best_edge(&self.core, self.core.root, False)
         return _uci_of(&self.core.root_pos, self.core.edges[r.edges + edge].move)
+
+    def root_summary(self, double share):
+        """What the stop rules read of ``root_children()``, found in C without building it (the
+        search asks after every batch): ``(move, n, q, proven, m, second_n, better_q)`` for the
+        first of that order among the searchmoves, or ``(None, 0, None, None, None, None, False)``
+        when there is none (``nodes`` 0, no expanded root, no allowed move). ``move``, ``n``,
+        ``q``, ``proven`` and ``m`` are the first's as ``root_children()`` gives them;
+        ``second_n`` is the second allowed move's visits (None when there is one); ``better_q``:
+        the first has visits and is not proven, and another allowed move with at least
+        ``max(1, share x its visits)`` visits has the higher q. ``engine.search.summary_of`` is
+        the same in Python, from a ``root_children()`` list."""
+        cdef TreeCore* t = &self.core
+        cdef Node* r = &t.nodes[t.root]
+        cdef uint32_t ci, here, top_child = 0
+        cdef int i, top, second = -1
+        cdef RankKey key, top_key, second_key
+        cdef double enough
+        cdef bint better = False
+        cdef Node* c
+        if not (r.flags & NODE_EXPANDED) or r.num_edges == 0 or _root_nodes(t) == 0:
+            return _NO_SUMMARY
+        top = _best_edge(t, t.root, True)
+        if top < 0:
+            return _NO_SUMMARY
+        top_child = _child_of(t, t.root, top)
+        top_key = _rank_key(t, top_child)
+        second_key = top_key     # read only once a second is found (set with it)
+        enough = share * top_key.n
+        if enough < 1.0:
+            enough = 1.0
+        ci = r.child
+        for i in range(r.num_edges):
+            here = 0
+            if ci and t.nodes[ci].edge_idx == i:
+                here = ci
+                ci = t.nodes[ci].sibling
+            if i == top or (t.root_filter != NULL and not _in_filter(t, t.edges[r.edges + i].move)):
+                continue
+            key = _rank_key(t, here)
+            if second < 0 or _ranks_before(&key, &second_key):
+                second = i
+                second_key = key
+            # q is there for every child with visits (enough >= 1): the wl of an open one, the
+            # bound of a proven one, as root_children() gives them.
+            if key.n >= enough and key.q > top_key.q:
+                better = True
+        move = _uci_of(&t.root_pos, t.edges[r.edges + top].move)
+        if top_child == 0:
+            return (move, 0, None, None, None, second_key.n if second >= 0 else None, False)
+        c = &t.nodes[top_child]
+        if c.flags & NODE_PROVEN:
+            return (move, c.n, float(c.bound), int(c.bound), float(c.m >> 4),
+                    second_key.n if second >= 0 else None, False)
+        if not c.n:
+            return (move, 0, None, None, None, second_key.n if second >= 0 else None, False)
+        return (move, c.n, c.wl, None, _m_value(c), second_key.n if second >= 0 else None, better)
 
     def pv(self, first=None, int max_length=64):
         """Principal variation from the root (optionally starting with ``first``), as UCI strings."""
@@ -1229,6 +1272,28 @@ def _child_rank(c):
         return (3, -c["m"], 0, 0)
     q = c["q"] if c["q"] is not None else -2.0
     return (1, 0, -c["n"], -q)
+
+
+cdef uint64_t _root_nodes(const TreeCore* t) noexcept nogil:
+    """``Tree.nodes``: the root's visits, or under searchmoves its own visit and the allowed
+    moves' subtrees."""
+    cdef const Node* r = &t.nodes[t.root]
+    cdef const Node* c
+    cdef uint32_t ci
+    cdef uint64_t total
+    if t.root_filter == NULL or not (r.flags & NODE_EXPANDED):
+        return r.n
+    total = 1 if r.n else 0
+    ci = r.child
+    while ci:
+        c = &t.nodes[ci]
+        if _in_filter(t, t.edges[r.edges + c.edge_idx].move):
+            total += c.n
+        ci = c.sibling
+    return total
+
+
+_NO_SUMMARY = (None, 0, None, None, None, None, False)
 
 
 cdef uint32_t _child_of(TreeCore* t, uint32_t ni, int edge) noexcept nogil:

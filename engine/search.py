@@ -156,6 +156,20 @@ def root_tree(tree: Tree, board: Board, go: GoParams) -> None:
     tree.set_searchmoves(go.searchmoves)
 
 
+def summary_of(children: list, share: float) -> tuple:
+    """``Tree.root_summary(share)`` in Python, from a ``root_children()`` list already limited to
+    the allowed moves (what the C summary means; stand-in trees in the tests use it)."""
+    if not children:
+        return (None, 0, None, None, None, None, False)
+    top = children[0]
+    second_n = children[1]["n"] if len(children) > 1 else None
+    better = False
+    if top["n"] and top["proven"] is None:
+        enough = max(1, share * top["n"])
+        better = any(c["n"] >= enough and c["q"] is not None and c["q"] > top["q"] for c in children[1:])
+    return (top["move"], top["n"], top["q"], top["proven"], top["m"], second_n, better)
+
+
 class MoveSearch:
     """One tree's search of one move: budget, stop rules, and the move it chooses.
 
@@ -195,17 +209,17 @@ class MoveSearch:
 
     def update(self, now: float) -> bool:
         """After a backup: note the best move, decide whether to stop (``done``)."""
-        children = None
+        summary = None
         if not self.budget.infinite:   # the time rules follow the best move (go infinite needs none)
-            children = self._children()
-            best = children[0]["move"] if children and children[0]["n"] else None
+            summary = self._summary()
+            best = summary[0] if summary[1] else None
             if best != self._best:
                 self._best = best
                 self._best_since = now
-        self.done = self.should_stop(now, children)
+        self.done = self.should_stop(now, summary)
         return self.done
 
-    def should_stop(self, now: float, children: Optional[list] = None) -> bool:
+    def should_stop(self, now: float, summary: Optional[tuple] = None) -> bool:
         tree = self.tree
         budget = self.budget
         if not self.legal or tree.root_proven is not None or tree.out_of_memory:
@@ -215,40 +229,39 @@ class MoveSearch:
         if budget.depth is not None and tree.average_depth >= budget.depth:
             return True
         if budget.mate is not None:
-            children = self._children() if children is None else children
-            if children and children[0]["proven"] == 1 and (children[0]["m"] + 2) // 2 <= budget.mate:
+            summary = self._summary() if summary is None else summary
+            if summary[3] == 1 and (summary[4] + 2) // 2 <= budget.mate:
                 return True
         soft, hard = budget.soft_ms, budget.hard_ms
         if soft is None or hard is None:      # no time limit
             return False
-        children = self._children() if children is None else children
+        summary = self._summary() if summary is None else summary
         elapsed_ms = (now - self.start) * 1000.0
         if elapsed_ms >= hard:
             return True
         if len(self.allowed) == 1:
             return True
-        unstable = self.params.time_extension and hard > soft and self.unstable(now, children)
+        unstable = self.params.time_extension and hard > soft and self.unstable(now, summary)
         if elapsed_ms >= soft and not unstable:
             return True
         self.extending = elapsed_ms >= soft
         # While the best move is unstable, smart pruning looks as far as the hard limit.
-        if self._pruned(elapsed_ms, hard if unstable else soft, children):
+        if self._pruned(elapsed_ms, hard if unstable else soft, summary):
             self.pruned_at_ms = int(elapsed_ms)
             return True
         return False
 
-    def unstable(self, now: float, children: list) -> bool:
+    def unstable(self, now: float, summary: tuple) -> bool:
         """The best move may still change: another move has the better value (Q) on enough
         visits, or the most visited move changed recently (lc0's reasons to think longer)."""
-        if not children or not children[0]["n"] or children[0]["proven"] is not None:
+        move, n, _q, proven, _m, _second_n, better_q = summary
+        if move is None or not n or proven is not None:
             return False
-        top = children[0]
         if (now - self._best_since) * 1000.0 < EXTENSION_RECENT_SHARE * (self.budget.soft_ms or 0):
             return True
-        enough = max(1, EXTENSION_MIN_VISIT_SHARE * top["n"])
-        return any(c["n"] >= enough and c["q"] is not None and c["q"] > top["q"] for c in children[1:])
+        return better_q
 
-    def _pruned(self, elapsed_ms: float, deadline_ms: float, children: list) -> bool:
+    def _pruned(self, elapsed_ms: float, deadline_ms: float, summary: tuple) -> bool:
         """Smart pruning: no other move can catch the best one before the deadline at this speed."""
         factor = self.params.smart_pruning_factor
         tree = self.tree
@@ -256,16 +269,15 @@ class MoveSearch:
             return False
         nps = tree.playouts / (elapsed_ms / 1000.0)
         remaining = nps * max(0.0, deadline_ms - elapsed_ms) / 1000.0 / factor
-        if len(children) < 2:
+        if summary[0] is None or summary[5] is None:    # fewer than two moves
             return True
-        return children[0]["n"] - children[1]["n"] > remaining
+        return summary[1] - summary[5] > remaining
 
-    def _children(self) -> list:
-        """Root moves best first, only those the search may play."""
-        children = self.tree.root_children() if self.tree.nodes else []
-        if self.go.searchmoves:
-            children = [c for c in children if c["move"] in self.allowed]
-        return children
+    def _summary(self) -> tuple:
+        """The root as the stop rules read it, only the moves the search may play
+        (``Tree.root_summary``: the best move, its n/q/proven/m, the second's visits,
+        whether a move with enough visits has the better q)."""
+        return self.tree.root_summary(EXTENSION_MIN_VISIT_SHARE)
 
     # -- batch sizing --------------------------------------------------------
 

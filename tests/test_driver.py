@@ -17,7 +17,7 @@ from engine.encoding import encode_board, move_to_index
 from engine.limits import Budget, GoParams
 from engine.params import SearchParams
 from engine.search import (BATCHES_PER_BUDGET, EXTENSION_MIN_VISIT_SHARE, EXTENSION_RECENT_SHARE,
-                           FIRST_TIMED_BATCH, Driver, EvalSpeed, MoveSearch, MultiSearch, game_ply)
+                           FIRST_TIMED_BATCH, Driver, EvalSpeed, MoveSearch, MultiSearch, game_ply, summary_of)
 from engine.tree import Tree
 
 POLICY_SIZE = 1858
@@ -215,6 +215,9 @@ class StubTree:
     def root_children(self):
         return self.children
 
+    def root_summary(self, share):
+        return summary_of(self.children, share)
+
 
 def child(move, n, q):
     return dict(move=move, n=n, q=q, d=0.3, m=40.0, prior=0.1, proven=None, in_flight=0)
@@ -283,7 +286,7 @@ def test_never_past_the_hard_limit(children):
         leader = child("c2c4" if i % 2 else "b1c3", 1000, 0.5)   # the best move changes every time
         search.tree.children = [leader, *children]
         assert search.update(ms / 1000.0) == (ms >= HARD), ms
-        assert search.unstable(ms / 1000.0, search.tree.children)
+        assert search.unstable(ms / 1000.0, search._summary())
     for soft, hard in ((0, 0), (50, 50), (100, 100)):      # movetime: soft == hard, nothing to extend
         search.budget = Budget(soft, hard)
         assert search.update(hard / 1000.0)
@@ -306,7 +309,7 @@ def test_extension_finds_the_move_a_soft_stop_would_miss():
     assert best == "e1f1" and 200 <= used_ms < 210
     best, used_ms, search = play(extension=True)
     assert best == "d2d5" and 210 <= used_ms < 2000
-    assert not search.unstable(clock_at := search.start + used_ms / 1000.0, search._children())
+    assert not search.unstable(clock_at := search.start + used_ms / 1000.0, search._summary())
     assert search.should_stop(clock_at)
 
 

@@ -1186,3 +1186,50 @@ def test_moves_left_utility_prefers_short_wins_and_long_losses(side):
     assert max(before.values()) - min(before.values()) <= 2      # off: every move alike
     assert after[preferred] == max(after.values())
     assert after[preferred] > before[preferred] + 5
+
+
+# --------------------------------------------------------------------------- the root summary
+
+
+SUMMARY_CASES = [
+    (chess.STARTING_FEN, None, 200),
+    (chess.STARTING_FEN, ["d2d4", "g1f3", "b1c3"], 300),
+    (chess.STARTING_FEN, ["h2h3"], 50),               # one allowed move: no second
+    (chess.STARTING_FEN, ["e2e5"], 100),              # not legal: restricts nothing
+    (QUEEN_TAKES_TO_MATE, None, 3000),                # a proven win on top
+    (QUEEN_TAKES_TO_MATE, ["b4b5", "g1h1"], 200),
+    (MATE_IN_TWO[0], None, 400),
+    ("r4rk1/1pp1qppp/p1np1n2/2b1p1B1/2B1P1b1/P1NP1N2/1PP1QPPP/R4RK1 w - - 0 10", None, 500),
+]
+
+
+def test_root_summary_is_what_the_stop_rules_read_of_root_children():
+    """Tree.root_summary (C) gives engine.search.summary_of of root_children() limited to the
+    searchmoves, at every size of the search and for several visit shares."""
+    from engine.search import summary_of
+
+    seen_better = seen_proven = 0
+    for fen, searchmoves, playouts in SUMMARY_CASES:
+        tree = Tree(Board(fen), seed=1)
+        assert tree.root_summary(0.1) == (None, 0, None, None, None, None, False)   # never expanded
+        tree.set_searchmoves(searchmoves)
+        net = _mate_without_prior() if fen == QUEEN_TAKES_TO_MATE else FakeNet(jitter=1.0, value_jitter=0.3)
+        batch = Batch(8)
+        while True:
+            children = tree.root_children() if tree.nodes else []
+            legal = {c["move"] for c in children}
+            allowed = [m for m in (searchmoves or ()) if m in legal]
+            if allowed:
+                children = [c for c in children if c["move"] in allowed]
+            for share in (0.0, 0.1, 0.5, 1.0):
+                want = summary_of(children, share)
+                assert tree.root_summary(share) == want, (fen, searchmoves, tree.playouts, share)
+                seen_better += want[6]
+                seen_proven += want[3] is not None
+            if tree.playouts >= playouts:
+                break
+            before = tree.playouts
+            search(tree, net, min(playouts, tree.playouts + 8), batch=batch)
+            if tree.playouts == before:
+                break
+    assert seen_better and seen_proven     # both branches were compared
