@@ -132,3 +132,15 @@ def test_bootstrap_help_shows_the_teacher_defaults_the_labelling_uses(capsys):
     assert f"game length adjudicated a draw (default {bootstrap.DEFAULT_MAX_PLIES})" in text
     assert "teacher processes (default: one per core" in text
     assert "(default None)" not in text and "(default: None)" not in text
+
+
+def test_run_help_names_every_bundled_config(capsys):
+    """`run --help` named 2 bundled configs while `--config` took 7 (issue 46)."""
+    from trainer.config import bundled_config_names
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = "".join(capsys.readouterr().out.split())   # argparse breaks lines, even inside names
+    names = bundled_config_names()
+    assert len(names) >= 7 and {"cpu", "gpu"} <= set(names)
+    assert f"({','.join(names)})" in text

@@ -51,7 +51,8 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     if job.get("simulate_gpu"):
         from engine.tools.gpu_standin import simulated_network
 
-        net, _ = simulated_network(job["network"], **gpu_options)
+        profile = job["simulate_gpu"] if isinstance(job["simulate_gpu"], str) else "h100"
+        net, _ = simulated_network(job["network"], profile=profile, **gpu_options)
     elif device == "cpu":
         net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
     else:  # cuda:N, the worker's choice of provider (TensorRT, else CUDA)
@@ -173,7 +174,7 @@ def fresh_network(cfg: Any) -> str:
 def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network: str | None = None,
                    workers: Sequence[int] = (1, 2), games: int | None = None,
                    pipeline: bool | None = None, config: str | None = None, device: str = "cpu",
-                   simulate_gpu: bool = False, log: Callable[[str], Any] | None = None) -> dict:
+                   simulate_gpu: bool | str = False, log: Callable[[str], Any] | None = None) -> dict:
     """Network evaluations/s during self-play against raw batched inference, one after the other.
 
     For each count K in ``workers``: K processes at once, the CPU's cores split among them as
@@ -185,7 +186,8 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     (default as a worker does on the CPU: off, ``engine.search.default_pipeline``).
     ``device``: ``cpu``, or ``cuda:N`` (every worker process on that GPU, two batches in flight
     by default, as a GPU worker plays). ``simulate_gpu``: the network runs on the GPU stand-in
-    (``engine.tools.gpu_standin``, one simulated GPU per process) as a GPU worker would.
+    (``engine.tools.gpu_standin``, one simulated GPU per process) as a GPU worker would, with the
+    costs of the profile it names (``h100`` when it is just true).
     ``config``: a training config (a bundled name such as ``cpu``, or a file) whose ``[selfplay]``
     settings and games per worker are played instead of the defaults, with a freshly
     initialised network of its ``[model]`` size unless ``network`` is given: what ``cyzero-train

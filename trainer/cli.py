@@ -18,7 +18,7 @@ import warnings
 import zipfile
 
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores
-from trainer.config import TEACHER_DEFAULTS
+from trainer.config import TEACHER_DEFAULTS, bundled_config_names
 
 TRAIN_EXTRA_HINT = (
     "install the training extra: pip install 'cyzero[train]'\n"
@@ -187,7 +187,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      "pid in RUN_DIR/daemon.json); running it again resumes."))
     run.add_argument("run_dir", metavar="RUN_DIR")
     run.add_argument("--config", metavar="TOML",
-                     help="a TOML config, or the name of a bundled one (cpu, gpu); default RUN/config.toml, "
+                     help=f"a TOML config, or the name of a bundled one ({', '.join(bundled_config_names())}); "
+                          "default RUN/config.toml, "
                           "else the defaults. RUN/config.toml is written on the first start only (your edits "
                           "stay); the config in use is RUN/config.effective.toml")
     run.add_argument("--devices", default=None, help="self-play devices: cpu, or cuda:0,1,... (default: daemon.devices)")
@@ -234,9 +235,13 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--games", type=int, default=None,
                        help="(selfplay) games each measuring process plays at once, as `worker --games` sets "
                             "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
-    bench.add_argument("--simulate-gpu", action="store_true",
+    from engine.tools.gpu_standin import PROFILES
+
+    bench.add_argument("--simulate-gpu", nargs="?", const="h100", default=None, choices=sorted(PROFILES),
+                       metavar="PROFILE",
                        help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
-                            "costs for a 6x64, a stall at each new input shape) as a GPU worker would")
+                            "costs for a 6x64, or h200: half of them; a stall at each new input shape) as a GPU "
+                            "worker would (default profile: h100)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
