@@ -206,6 +206,48 @@ cdef bint in_check(const Pos* p) noexcept nogil:
     return attacked_by(p, p.ksq[p.turn], 1 - p.turn, p.pieces[0])
 
 
+cdef bint gives_check(const Pos* p, Move m) noexcept nogil:
+    """Whether the legal move ``m`` leaves the opponent in check, without making it: the moved
+    (or promoted) piece's own attack on their king, or one of our sliders the move uncovers (no
+    other piece of ours can start to give check). Castling and en passant, which move or remove a
+    second piece, are made and looked at."""
+    cdef int frm = m & 63
+    cdef int to = (m >> 6) & 63
+    cdef int us = p.turn
+    cdef int pt = p.board[frm] & 7
+    cdef int cap = p.board[to]
+    cdef int ksq = p.ksq[1 - us]
+    cdef u64 king = bb(ksq), occ, ours, sliders
+    cdef Pos q
+    cdef Undo u
+    if (pt == KING and cap and (cap >> 3) == us) or (pt == PAWN and to == p.ep):
+        q = p[0]
+        make_move(&q, m, &u)
+        return in_check(&q)
+    if m >> 12:
+        pt = m >> 12
+    occ = (p.pieces[0] & ~bb(frm)) | bb(to)
+    if pt == PAWN:
+        if PAWN_ATT[us][to] & king:
+            return True
+    elif pt == KNIGHT:
+        if KNIGHT_ATT[to] & king:
+            return True
+    elif pt != KING:
+        if (pt == BISHOP or pt == QUEEN) and (BISHOP_EMPTY[to] & king) and (bishop_att(to, occ) & king):
+            return True
+        if (pt == ROOK or pt == QUEEN) and (ROOK_EMPTY[to] & king) and (rook_att(to, occ) & king):
+            return True
+    ours = p.colors[us] & ~bb(frm)
+    sliders = (p.pieces[ROOK] | p.pieces[QUEEN]) & ours
+    if (ROOK_EMPTY[ksq] & sliders) and (rook_att(ksq, occ) & sliders):
+        return True
+    sliders = (p.pieces[BISHOP] | p.pieces[QUEEN]) & ours
+    if (BISHOP_EMPTY[ksq] & sliders) and (bishop_att(ksq, occ) & sliders):
+        return True
+    return False
+
+
 cdef inline u64 _pinned(const Pos* p, int us) noexcept nogil:
     """Our pieces pinned to our king."""
     cdef int ksq = p.ksq[us]
@@ -1147,6 +1189,11 @@ cdef class Board:
 
     def is_check(self):
         return bool(in_check(&self.pos))
+
+    def gives_check(self, str uci):
+        """Whether the legal move ``uci`` would put the opponent in check (as python-chess's
+        ``Board.gives_check``); an illegal move is a ValueError."""
+        return bool(gives_check(&self.pos, self._parse_uci(uci)))
 
     cdef bint _has_moves(self) noexcept:
         cdef Move moves[MAX_MOVES]

@@ -23,7 +23,7 @@ from libc.string cimport memset, memcpy
 from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
 
 from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
-                           unmake_move, in_check, insufficient_material, move_to_uci)
+                           unmake_move, in_check, gives_check, insufficient_material, move_to_uci)
 from engine.encoding cimport encode_planes, legal_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS
 
 cnp.import_array()
@@ -289,13 +289,16 @@ cdef inline bint _twofold_only(TreeCore* t, const Pos* p, int ply) noexcept nogi
 
 
 cdef bint _mates_in_one(const Pos* p, const Move* moves, int n) noexcept nogil:
-    """Whether one of the ``n`` legal ``moves`` of ``p`` gives mate.  Only checking moves
-    need the replies generated, so this costs a few make_move calls per new leaf."""
+    """Whether one of the ``n`` legal ``moves`` of ``p`` gives mate.  Only a move that gives
+    check can mate: ``gives_check`` (attack tables, no move made) picks those out, and only they
+    are made and their replies generated."""
     cdef Pos q
     cdef Undo u
     cdef Move replies[MAX_MOVES]
     cdef int i
     for i in range(n):
+        if not gives_check(p, moves[i]):
+            continue
         q = p[0]
         make_move(&q, moves[i], &u)
         if in_check(&q) and gen_legal(&q, replies) == 0:
@@ -437,6 +440,8 @@ cdef void _prove_root_mates(TreeCore* t) noexcept nogil:
     for i in range(t.nodes[root].num_edges):
         m = t.edges[t.nodes[root].edges + i].move
         if t.n_root_filter and not _in_filter(t, m):
+            continue
+        if not gives_check(&t.root_pos, m):
             continue
         q = t.root_pos
         make_move(&q, m, &u)

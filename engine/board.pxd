@@ -64,6 +64,7 @@ cdef int gen_legal(const Pos* p, Move* out) noexcept nogil
 cdef void make_move(Pos* p, Move m, Undo* u) noexcept nogil
 cdef void unmake_move(Pos* p, const Undo* u) noexcept nogil
 cdef bint in_check(const Pos* p) noexcept nogil
+cdef bint gives_check(const Pos* p, Move m) noexcept nogil
 cdef u64 checkers(const Pos* p) noexcept nogil
 cdef u64 perft(Pos* p, int depth) noexcept nogil
 cdef u64 compute_key(const Pos* p) noexcept nogil

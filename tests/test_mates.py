@@ -8,6 +8,7 @@ of the mates in 3, which cost more in Python).
 import argparse
 import json
 import os
+import random
 import shutil
 
 import chess
@@ -206,3 +207,37 @@ def test_the_generator_writes_verified_mates_deterministically(tmp_path):
             _check_complete(p)
     mates.generate(second, per_length=1, seed=7, teacher=[STOCKFISH], max_games=20)
     assert second.read_text() == first.read_text()
+
+
+# --------------------------------------------------------------------------- gives check
+
+
+def test_gives_check_is_python_chess_s():
+    """Board.gives_check (the core's test that spares the mate-in-one check at each new leaf a
+    make_move per quiet move) says what python-chess says, for every legal move along random
+    games from the perft, special and mate positions (discovered checks, promotions, castling,
+    en passant among them)."""
+    from test_board_differential import PERFT_FENS, SPECIAL_FENS
+
+    from engine.board import Board
+
+    rng = random.Random(47)
+    starts = [chess.STARTING_FEN, *PERFT_FENS.values(), *SPECIAL_FENS.values(),
+              *(p.fen for p in load_positions()[::4])]
+    moves = checks = 0
+    for fen in starts:
+        ref = chess.Board(fen)
+        for _ in range(30):
+            legal = list(ref.legal_moves)
+            if not legal:
+                break
+            ours = Board(ref.fen())
+            for move in legal:
+                want = ref.gives_check(move)
+                assert ours.gives_check(move.uci()) == want, (ref.fen(), move.uci())
+                moves += 1
+                checks += want
+            ref.push(rng.choice(legal))
+    assert moves > 10000 and checks > 500
+    with pytest.raises(ValueError):
+        Board().gives_check("e2e5")
