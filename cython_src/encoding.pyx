@@ -218,11 +218,18 @@ cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start
 
 cdef int legal_priors(const Pos* p, const float* logits, float temperature,
                       Move* moves, float* priors) noexcept nogil:
-    cdef int n = gen_legal(p, moves), i
+    cdef int n = gen_legal(p, moves)
+    policy_priors(p, moves, n, logits, temperature, priors)
+    return n
+
+
+cdef void policy_priors(const Pos* p, const Move* moves, int n, const float* logits, float temperature,
+                        float* priors) noexcept nogil:
+    cdef int i
     cdef float hi = -3.0e38, x
     cdef double total = 0.0, inv_t
     if n == 0:
-        return 0
+        return
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     for i in range(n):
         x = logits[move_index(p, moves[i])]
@@ -237,10 +244,9 @@ cdef int legal_priors(const Pos* p, const float* logits, float temperature,
     if not total > 0:   # NaN or no finite logit: fall back to uniform rather than poison the tree
         for i in range(n):
             priors[i] = 1.0 / n
-        return n
+        return
     for i in range(n):
         priors[i] = <float>(priors[i] / total)
-    return n
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
 
 from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
                            unmake_move, in_check, gives_check, insufficient_material, move_to_uci)
-from engine.encoding cimport encode_planes, legal_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS
+from engine.encoding cimport encode_planes, policy_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS
 
 cnp.import_array()
 
@@ -493,8 +493,11 @@ cdef class Batch:
     """
 
     cdef Leaf* leaves
+    cdef Pos* positions      # each leaf's position, kept from the gather for its expansion
     cdef uint32_t* paths
     cdef uint32_t n_paths, cap_paths
+    cdef Move* moves         # each leaf's legal moves, from the gather's terminal check
+    cdef uint32_t n_moves, cap_moves
     cdef readonly int size
     cdef readonly int capacity
     cdef readonly bint encode
@@ -510,10 +513,14 @@ cdef class Batch:
         self.capacity = capacity
         self.size = 0
         self.leaves = <Leaf*>malloc(capacity * sizeof(Leaf))
+        self.positions = <Pos*>malloc(capacity * sizeof(Pos))
         self.cap_paths = capacity * 64
         self.paths = <uint32_t*>malloc(self.cap_paths * sizeof(uint32_t))
         self.n_paths = 0
-        if self.leaves == NULL or self.paths == NULL:
+        self.cap_moves = capacity * 64
+        self.moves = <Move*>malloc(self.cap_moves * sizeof(Move))
+        self.n_moves = 0
+        if self.leaves == NULL or self.positions == NULL or self.paths == NULL or self.moves == NULL:
             raise MemoryError()
         self.planes = np.zeros((capacity if encode else 1, INPUT_PLANES, 8, 8), dtype=np.float32)
         cdef float[:, :, :, ::1] view = self.planes
@@ -522,7 +529,9 @@ cdef class Batch:
 
     def __dealloc__(self):
         free(self.leaves)
+        free(self.positions)
         free(self.paths)
+        free(self.moves)
 
     def __len__(self):
         return self.size
@@ -539,6 +548,16 @@ cdef class Batch:
                 return -1
             self.paths = <uint32_t*>p
             self.cap_paths = 2 * (self.cap_paths + depth + 1)
+        return 0
+
+    cdef int _reserve_moves(self, int n) noexcept nogil:
+        cdef void* p
+        if self.n_moves + n > self.cap_moves:
+            p = realloc(self.moves, 2 * (self.cap_moves + n) * sizeof(Move))
+            if p == NULL:
+                return -1
+            self.moves = <Move*>p
+            self.cap_moves = 2 * (self.cap_moves + n)
         return 0
 
     def backup(self, policy, wdl, mlh=None):
@@ -565,10 +584,11 @@ cdef class Batch:
         cdef int i
         with nogil:
             for i in range(n):
-                _backup_leaf(&self.leaves[i], self.paths, &pol[i, 0], &w[i, 0],
-                             ml_ptr[i] if ml_ptr != NULL else 0.0)
+                _backup_leaf(&self.leaves[i], &self.positions[i], self.paths, self.moves, &pol[i, 0],
+                             &w[i, 0], ml_ptr[i] if ml_ptr != NULL else 0.0)
         self.size = 0
         self.n_paths = 0
+        self.n_moves = 0
         self._owners.clear()
 
     def clear(self):
@@ -582,30 +602,23 @@ cdef class Batch:
             _cancel(<TreeCore*>lf.tree, &self.paths[lf.path], lf.depth)
         self.size = 0
         self.n_paths = 0
+        self.n_moves = 0
         self._owners.clear()
 
 
-cdef void _backup_leaf(Leaf* lf, const uint32_t* paths, const float* logits, const float* wdl,
-                       float mlh) noexcept nogil:
-    """Expand one network leaf from its logits and back its value up."""
+cdef void _backup_leaf(Leaf* lf, const Pos* p, const uint32_t* paths, const Move* batch_moves,
+                       const float* logits, const float* wdl, float mlh) noexcept nogil:
+    """Expand one network leaf (its position ``p`` and legal moves kept from the gather) from its
+    logits and back its value up."""
     cdef TreeCore* t = <TreeCore*>lf.tree
     cdef uint32_t ni = lf.node
-    cdef Pos p
     t.pending -= 1
-    cdef Move moves[MAX_MOVES]
+    cdef const Move* moves = &batch_moves[lf.moves]
     cdef float priors[MAX_MOVES]
-    cdef int n, i
+    cdef int n = lf.nmoves, i
     cdef float wl = wdl[0] - wdl[2]
     cdef CacheEntry* ce
-    # Recreate the leaf's legal moves: replay the path from the root.
-    p = t.root_pos
-    cdef Undo u
-    cdef uint32_t parent, child
-    for i in range(lf.depth):
-        parent = paths[lf.path + i]
-        child = paths[lf.path + i + 1]
-        make_move(&p, t.edges[t.nodes[parent].edges + t.nodes[child].edge_idx].move, &u)
-    n = legal_priors(&p, logits, t.params.policy_temperature, moves, priors)
+    policy_priors(p, moves, n, logits, t.params.policy_temperature, priors)
     if t.cache != NULL and t.cache_size:
         ce = &t.cache[lf.cache_key % t.cache_size]
         free(ce.priors)
@@ -618,7 +631,7 @@ cdef void _backup_leaf(Leaf* lf, const uint32_t* paths, const float* logits, con
             ce.nmoves = n
             for i in range(n):
                 ce.priors[i] = <uint16_t>(priors[i] * 65535.0 + 0.5) if priors[i] < 1.0 else 65535
-    if _expand(t, ni, &p, moves, n, priors) < 0:
+    if _expand(t, ni, p, moves, n, priors) < 0:
         t.nodes[ni].flags &= ~NODE_PENDING
         _cancel(t, &paths[lf.path], lf.depth)
         return
@@ -1563,7 +1576,7 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
                     ooo += 1
                     break
             # Queue for the network.
-            if batch._reserve_path(depth) < 0:
+            if batch._reserve_path(depth) < 0 or batch._reserve_moves(n) < 0:
                 _cancel(t, path, depth)
                 collisions = max_collisions
                 break
@@ -1576,6 +1589,11 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
             lf.path = batch.n_paths
             memcpy(&batch.paths[batch.n_paths], path, (depth + 1) * sizeof(uint32_t))
             batch.n_paths += depth + 1
+            lf.moves = batch.n_moves
+            lf.nmoves = n
+            memcpy(&batch.moves[batch.n_moves], moves, n * sizeof(Move))
+            batch.n_moves += n
+            batch.positions[batch.size] = pos
             if batch.encode:
                 encode_planes(&pos, t.stack, t.root_ply + depth, t.start_ep,
                               batch.planes_ptr + batch.size * PLANE_FLOATS)

@@ -23,3 +23,7 @@ cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start
 # returns the number of moves written to ``moves``/``priors`` (room for MAX_MOVES).
 cdef int legal_priors(const Pos* p, const float* logits, float temperature,
                       Move* moves, float* priors) noexcept nogil
+
+# The same priors for ``moves[0:n]``, the legal moves of ``p`` already generated (in gen_legal's order).
+cdef void policy_priors(const Pos* p, const Move* moves, int n, const float* logits, float temperature,
+                        float* priors) noexcept nogil

@@ -57,6 +57,8 @@ cdef struct Leaf:            # one network request in a batch
     uint16_t depth           # number of moves from the root
     uint8_t turn             # side to move at the leaf
     uint64_t cache_key
+    uint32_t moves           # offset of the leaf's legal moves (gen_legal's order) in the batch's move pool
+    uint16_t nmoves
 
 cdef struct TreeCore:
     Node* nodes
