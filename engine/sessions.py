@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
+import locale
 import os
 import re
 import shutil
@@ -323,7 +324,8 @@ class SessionFactory:
     def make(self, data: bytes, provider: str, batch: Optional[int] = None,
              batch_dim: Optional[str] = None):
         if provider == OPENVINO:
-            return _OpenVinoSource(data, self.precision).compile(batch or 1, self.intra_threads)
+            with _locale_kept():
+                return _OpenVinoSource(data, self.precision).compile(batch or 1, self.intra_threads)
         ort = _ort()
         options = self._session_options()
         if batch is not None and batch_dim:
@@ -347,12 +349,12 @@ class SessionFactory:
         (each takes a core for up to a second); a GPU's sessions are made one by one."""
         if provider != OPENVINO:
             return _each_size(sizes, lambda n: self.make(data, provider, n, batch_dim))
-        source = _OpenVinoSource(data, self.precision)
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max(1, min(len(sizes), os.cpu_count() or 1))) as pool:
-            return pool.map(lambda n: _each_size([n], lambda m: source.compile(m, self.intra_threads))[0],
-                            sizes)
+        with _locale_kept(), ThreadPoolExecutor(max(1, min(len(sizes), os.cpu_count() or 1))) as pool:
+            source = _OpenVinoSource(data, self.precision)
+            return list(pool.map(lambda n: _each_size([n], lambda m: source.compile(m, self.intra_threads))[0],
+                                 sizes))
 
     def _session_options(self):
         ort = _ort()
@@ -527,6 +529,18 @@ class OpenVinoSession:
         for name, buffer in targets:
             request.set_tensor(name, self._tensor(buffer, shared_memory=True))
         request.infer()
+
+
+@contextlib.contextmanager
+def _locale_kept():
+    """Put the process's locale back as it was after OpenVINO compiles. Its compiler sets the C
+    locale and restores the one it found, so two compiles side by side (make_many) could leave
+    the process in the C locale: every open() and subprocess text after it read ASCII only."""
+    saved = locale.setlocale(locale.LC_ALL)
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_ALL, saved)
 
 
 class _OpenVinoSource:

@@ -116,6 +116,32 @@ def test_an_openvino_network_pads_to_its_fixed_sizes_and_answers_every_row_as_al
 
 
 @pytest.mark.skipif(not HAVE_OPENVINO, reason="OpenVINO is not installed (pip install openvino)")
+def test_loading_on_openvino_leaves_the_process_locale_as_it_was(monkeypatch):
+    """OpenVINO's compiler sets the C locale while it works and restores the one it found; two
+    sizes compiled side by side left a process in the C locale, where every open() and subprocess
+    text read ASCII only (the trainer's status output failed to decode in CI)."""
+    import locale
+
+    from engine import sessions
+
+    before = locale.setlocale(locale.LC_ALL)
+    for _ in range(3):
+        Network(f"{NETS}/default.int8.onnx", backend="openvino", log=lambda line: None)
+        assert locale.setlocale(locale.LC_ALL) == before
+    # The guard itself, where the race did not happen this time: whatever a compile leaves is undone.
+    real = sessions._OpenVinoSource.compile
+
+    def compile_leaving_c(self, batch, threads):
+        session = real(self, batch, threads)
+        locale.setlocale(locale.LC_ALL, "C")
+        return session
+
+    monkeypatch.setattr(sessions._OpenVinoSource, "compile", compile_leaving_c)
+    Network(f"{NETS}/default.int8.onnx", backend="openvino", max_batch=4, log=lambda line: None)
+    assert locale.setlocale(locale.LC_ALL) == before
+
+
+@pytest.mark.skipif(not HAVE_OPENVINO, reason="OpenVINO is not installed (pip install openvino)")
 def test_an_openvino_network_answers_two_threads_at_once_as_one():
     """Two batches in flight: each thread has its own infer request, and neither sees the other's rows."""
     planes, _ = real_positions()

@@ -230,6 +230,9 @@ def bench_selfplay(print_report: bool = True, seconds: float = 20.0, *, network:
     if not re.fullmatch(r"cpu|cuda:\d+", device):
         raise ValueError(f"device must be cpu or cuda:N, got {device!r}")
     if simulate_gpu:
+        from engine.tools.gpu_standin import profile_costs
+
+        profile_costs(simulate_gpu if isinstance(simulate_gpu, str) else "h100")   # a wrong name, now
         device = "cuda:0"
     if pipeline is None:  # what a worker does (trainer.worker; engine.search.default_pipeline)
         pipeline = device != "cpu"

@@ -235,13 +235,12 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--games", type=int, default=None,
                        help="(selfplay) games each measuring process plays at once, as `worker --games` sets "
                             "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
-    from engine.tools.gpu_standin import PROFILES
-
-    bench.add_argument("--simulate-gpu", nargs="?", const="h100", default=None, choices=sorted(PROFILES),
-                       metavar="PROFILE",
-                       help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: an H100's "
-                            "costs for a 6x64, or h200: half of them; a stall at each new input shape) as a GPU "
-                            "worker would (default profile: h100)")
+    # No choices= here: the profiles live with the stand-in, which imports numpy, and `status`
+    # (the same parser) must not; bench_selfplay checks the name.
+    bench.add_argument("--simulate-gpu", nargs="?", const="h100", default=None, metavar="PROFILE",
+                       help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: h100, an "
+                            "H100's costs for a 6x64, or h200: half of them; a stall at each new input shape) as "
+                            "a GPU worker would (default profile: h100)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 

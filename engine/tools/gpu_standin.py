@@ -209,11 +209,17 @@ def _material_outputs(planes: np.ndarray, outputs: dict) -> None:
         outputs[MLH_NAME].fill(40.0)
 
 
-def simulated_gpu(profile: str = "h100", **costs) -> SimulatedGPU:
-    """The stand-in with a device's costs from :data:`PROFILES` (``costs`` override them)."""
+def profile_costs(profile: str) -> tuple[float, float]:
+    """(seconds a call, seconds a position) of a profile in :data:`PROFILES`, or a ValueError
+    that names them."""
     if profile not in PROFILES:
         raise ValueError(f"no GPU stand-in profile {profile!r}: choose one of {', '.join(PROFILES)}")
-    call_s, position_s = PROFILES[profile]
+    return PROFILES[profile]
+
+
+def simulated_gpu(profile: str = "h100", **costs) -> SimulatedGPU:
+    """The stand-in with a device's costs from :data:`PROFILES` (``costs`` override them)."""
+    call_s, position_s = profile_costs(profile)
     return SimulatedGPU(**{"call_s": call_s, "position_s": position_s, **costs})
 
 
