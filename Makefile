@@ -151,10 +151,21 @@ bench: $(BUILT)
 # (trainer/gpucheck.py) reads the folder; the exit status is 1 when a test or a bench failed.
 # GPU_NN_BATCHES: the batch sizes `bench nn` times (the padded sizes a GPU session runs).
 GPUCHECK_OUT ?=
+# SYSTEM_PYTHON=1: no venv and no pip: $(PYTHON) and the cyzero commands on PATH as they are, for
+# a GPU machine set up by hand without internet (docs/gpu.md, "Installing on a machine without
+# internet"), where the venv's installs would fail.
+ifdef SYSTEM_PYTHON
+GPU_CHECK_SETUP :=
+GPU_CHECK_BIN :=
+gpu-check: VPY := $(PYTHON)
+else
+GPU_CHECK_SETUP := $(STAMP) $(BUILT)
+GPU_CHECK_BIN := $(VENV)/bin/
+endif
 GPU_NN_BATCHES ?= 1,2,4,8,16,32,64,128,256,512,1024,2048
 export GPUCHECK_OUT
 
-gpu-check: $(STAMP) $(BUILT)
+gpu-check: $(GPU_CHECK_SETUP)
 	@$(VPY) -m trainer.gpucheck --preflight || exit 2; \
 	out="$${GPUCHECK_OUT:-$$(mktemp -d "$${TMPDIR:-/tmp}/cyzero-gpucheck.XXXXXX")}"; \
 	mkdir -p "$$out" || exit 2; \
@@ -165,15 +176,15 @@ gpu-check: $(STAMP) $(BUILT)
 	bench() { name=$$1; shift; echo "gpu-check: $$name: $$*" >&2; \
 		if "$$@" > "$$out/$$name.json" 2> "$$out/$$name.log"; then :; else \
 			echo "gpu-check: $$name failed (exit $$?): see $$out/$$name.log" >&2; status=1; fi; }; \
-	bench nn $(VENV)/bin/cyzero bench nn --backend cuda --json --batches $(GPU_NN_BATCHES) \
+	bench nn $(GPU_CHECK_BIN)cyzero bench nn --backend cuda --json --batches $(GPU_NN_BATCHES) \
 		--net engine/nets/default.onnx --net engine/nets/default.fp16.onnx; \
-	bench search $(VENV)/bin/cyzero bench search --backend cuda --json; \
+	bench search $(GPU_CHECK_BIN)cyzero bench search --backend cuda --json; \
 	big=$$($(VPY) -c "from trainer.bench import fresh_network; from trainer.config import load_named_config; \
 		print(fresh_network(load_named_config('gpu')))") && \
-		bench search-20x256 $(VENV)/bin/cyzero bench search --backend cuda --json --net "$$big"; \
-	bench selfplay $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --json; \
-	bench selfplay-gpu $(VENV)/bin/cyzero-train bench selfplay --device cuda:0 --config gpu --json; \
-	bench train $(VENV)/bin/cyzero-train bench train --json; \
+		bench search-20x256 $(GPU_CHECK_BIN)cyzero bench search --backend cuda --json --net "$$big"; \
+	bench selfplay $(GPU_CHECK_BIN)cyzero-train bench selfplay --device cuda:0 --json; \
+	bench selfplay-gpu $(GPU_CHECK_BIN)cyzero-train bench selfplay --device cuda:0 --config gpu --json; \
+	bench train $(GPU_CHECK_BIN)cyzero-train bench train --json; \
 	$(VPY) -m trainer.gpucheck "$$out" || status=1; \
 	exit $$status
 

@@ -112,3 +112,15 @@ def test_the_package_metadata_names_the_cpu_runtime_a_gpu_extra_and_the_licence(
     assert "GPL-3.0-or-later" in pkg_info
     with open(os.path.join(REPO, "LICENSE"), encoding="utf-8") as f:
         assert "GNU GENERAL PUBLIC LICENSE" in f.read(200)
+
+
+def test_gpu_check_on_a_machine_set_up_by_hand_uses_no_venv_and_no_pip():
+    """SYSTEM_PYTHON=1: a GPU machine without internet, set up by hand (docs/gpu.md), runs the
+    check with its own python and the cyzero commands on PATH; the venv's installs would fail."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VENV")}
+    plan = subprocess.run(["make", "-n", "-s", "-C", REPO, "SYSTEM_PYTHON=1", "PYTHON=python3", "gpu-check"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert "pip" not in plan.stdout and ".venv" not in plan.stdout and "venv" not in plan.stdout
+    assert plan.stdout.startswith("python3 -m trainer.gpucheck --preflight")
+    assert "bench nn cyzero bench nn" in plan.stdout and "bench train cyzero-train bench train" in plan.stdout
