@@ -17,7 +17,7 @@ cimport numpy as cnp
 
 from engine.params import SearchParams
 
-from libc.math cimport sqrtf, logf, powf, fabsf
+from libc.math cimport sqrtf, logf, powf, fabsf, isfinite
 from libc.stdlib cimport malloc, realloc, free, calloc
 from libc.string cimport memset, memcpy
 from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
@@ -572,8 +572,11 @@ cdef class Batch:
         if pol.shape[0] < n or pol.shape[1] != POLICY_MOVES or w.shape[0] < n or w.shape[1] != 3:
             raise ValueError(f"backup needs policy [{n},{POLICY_MOVES}] and wdl [{n},3], "
                              f"got {tuple(np.shape(policy))} and {tuple(np.shape(wdl))}")
-        if not np.isfinite(np.asarray(w[:n])).all():
-            raise ValueError("backup needs finite wdl values")
+        cdef const float* wp = &w[0, 0]
+        cdef int k
+        for k in range(3 * n):      # rows 0 to n-1 of the contiguous [N,3] (no array made per batch)
+            if not isfinite(wp[k]):
+                raise ValueError("backup needs finite wdl values")
         cdef float[::1] ml
         cdef float* ml_ptr = NULL
         if mlh is not None:
