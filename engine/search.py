@@ -1148,30 +1148,36 @@ class Searcher:
             if self._watchdog is not None:
                 self._watchdog.cancel()
                 self._watchdog = None
-            # The search thread holds the tree lock while it gathers or backs up a batch (about
-            # 0.1 ms, a few ms on a slow CPU as the tree grows, more when it is descheduled):
-            # rather than wait longer than that, report the best move of the last info line (the
-            # final info is then that line).
-            if self._tree_lock.acquire(timeout=STOP_TREE_WAIT_S):
-                try:
-                    result = self._result()
-                finally:
-                    self._tree_lock.release()
-            else:
-                result = self._snapshot_result()
-            move = self._move
-            if move is not None and not move.budget.until_stop:
-                self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
-            if move is not None and move.pruned_at_ms is not None and self._go.movetime and result.best:
-                # A fixed movetime is what an analyst asks for; say why it was not used up (as lc0,
-                # smart pruning stops once no other move can overtake the best in the time left).
-                self.log(f"stopped after {move.pruned_at_ms} ms of {self._go.movetime}: no other move "
-                         f"can overtake {result.best} in the time left; setoption name "
-                         "SmartPruningFactor value 0 searches the whole time")
-            with self._report_lock:
-                if result.info is not None and not result.info.same_search_state(self._last_info):
-                    self._on_info(result.info)
-                self._on_best(result)
+            try:
+                # The search thread holds the tree lock while it gathers or backs up a batch (about
+                # 0.1 ms, a few ms on a slow CPU as the tree grows, more when it is descheduled):
+                # rather than wait longer than that, report the best move of the last info line (the
+                # final info is then that line).
+                if self._tree_lock.acquire(timeout=STOP_TREE_WAIT_S):
+                    try:
+                        result = self._result()
+                    finally:
+                        self._tree_lock.release()
+                else:
+                    result = self._snapshot_result()
+                move = self._move
+                if move is not None and not move.budget.until_stop:
+                    self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
+                if move is not None and move.pruned_at_ms is not None and self._go.movetime and result.best:
+                    # A fixed movetime is what an analyst asks for; say why it was not used up (as lc0,
+                    # smart pruning stops once no other move can overtake the best in the time left).
+                    self.log(f"stopped after {move.pruned_at_ms} ms of {self._go.movetime}: no other move "
+                             f"can overtake {result.best} in the time left; setoption name "
+                             "SmartPruningFactor value 0 searches the whole time")
+                with self._report_lock:
+                    if result.info is not None and not result.info.same_search_state(self._last_info):
+                        self._on_info(result.info)
+                    self._on_best(result)
+            except Exception as exc:  # noqa: BLE001 - a GUI must get its bestmove whatever failed here
+                # Once _done is set nothing else reports this go: without a move here the GUI waits forever.
+                self.log(f"error: reporting the search failed: {type(exc).__name__}: {exc}")
+                with self._report_lock:
+                    self._on_best(self._last_resort())
 
     # -- reports -------------------------------------------------------------
 
@@ -1236,6 +1242,14 @@ class Searcher:
         self.log(f"warning: stopped before the search began; {move}, the network's policy choice, "
                  "is not searched")
         return SearchResult(move, None, None)
+
+    def _last_resort(self) -> SearchResult:
+        """A legal move when reporting the search's own failed: the last info line's, else the first."""
+        try:
+            return self._snapshot_result()
+        except Exception:  # noqa: BLE001 - the board alone still gives a legal move
+            legal = self._board.legal_moves()
+            return SearchResult(legal[0] if legal else None, None, None)
 
     def _snapshot_result(self) -> SearchResult:
         """The best move (and ponder move) of the last info report, without touching the tree."""

@@ -517,3 +517,27 @@ def test_a_new_go_during_an_info_report_neither_deadlocks_nor_reports_late():
     assert not starter.is_alive(), "start() deadlocked against the old search's info report"
     assert second.done.wait(TIMEOUT) and len(second.results) == 1
     assert order.count("best 1") == 1 and order[-1] == "best 1", order[-5:]
+
+
+@pytest.mark.parametrize("failing", ["timeman", "info"])
+def test_a_failure_while_reporting_still_gives_exactly_one_legal_bestmove(failing):
+    """Once a search is marked done nothing else reports it: an exception while reporting (seen
+    once in an info string's formatting) left the GUI waiting for a bestmove that never came."""
+    logged = []
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=8, move_overhead_ms=0))
+    s.log = logged.append
+    rec = Recorder()
+    if failing == "timeman":
+        def broken_record(*args):
+            raise RuntimeError("the clock fell off")
+        s.timeman.record = broken_record
+        on_info = rec.info
+    else:
+        def on_info(info):
+            raise RuntimeError("the clock fell off")
+    s.start(Board(), GoParams(movetime=100), on_info, rec.best)
+    assert rec.done.wait(TIMEOUT), "no bestmove"
+    s.wait(TIMEOUT)
+    time.sleep(0.05)
+    assert len(rec.results) == 1 and rec.results[0].best in Board().legal_moves()
+    assert [line for line in logged if line.startswith("error: ") and "the clock fell off" in line], logged
