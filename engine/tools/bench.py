@@ -166,6 +166,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _run_facts(started: float) -> dict:
+    """The JSON keys every timed bench ends with: how long it ran (from ``started``, a
+    time.perf_counter() value) and where."""
+    return {"wall_seconds": round(time.perf_counter() - started, 3),
+            "environment": {**_environment(), "cpu_count": os.cpu_count()}}
+
+
 def _environment() -> dict:
     import chess
 
@@ -1325,8 +1332,7 @@ def bench_uci(args: argparse.Namespace) -> int:
         "targets_p99_ms": UCI_TARGETS_MS,
         "targets_met": met,
         "all_targets_met": None if None in met.values() else all(met.values()),
-        "wall_seconds": round(time.perf_counter() - started, 3),
-        "environment": {**_environment(), "cpu_count": os.cpu_count()},
+        **_run_facts(started),
     }
     if args.json:
         print(json.dumps(summary))
@@ -1624,8 +1630,7 @@ def bench_search(args: argparse.Namespace) -> int:
         "provider": net.provider,
         "network": net.description,
         "positions": positions,
-        "wall_seconds": round(time.perf_counter() - started, 3),
-        "environment": {**_environment(), "cpu_count": os.cpu_count()},
+        **_run_facts(started),
     }
     if args.json:
         print(json.dumps(summary))
@@ -1920,8 +1925,7 @@ def bench_null(args: argparse.Namespace) -> int:
         "processor": processor.describe(),
         "load_average": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in load_after]},
         "rows": rows,
-        "wall_seconds": round(time.perf_counter() - started, 3),
-        "environment": {**_environment(), "cpu_count": os.cpu_count()},
+        **_run_facts(started),
     }
     if args.json:
         print(json.dumps(summary))
