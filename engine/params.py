@@ -124,6 +124,10 @@ class SearchParams:
     minibatch_size: int = _param(0, 0, 4096, "positions", "most leaves sent to the network in one batch "
                                  "(0: the backend's choice: 8 on the CPU, the network's largest batch size "
                                  "on a GPU)", "MinibatchSize")
+    search_threads: int = _param(1, 1, 16, "threads", "threads gathering leaves into the one tree, each with "
+                                 "its own batch at the network (ONNX Runtime's own threads are Threads); "
+                                 "more than 1 was no faster on the CPU or the GPU stand-in, and a fixed-node "
+                                 "search no longer repeats", "SearchThreads")
     multipv: int = _param(1, 1, 500, "lines", "root moves reported in each info", "MultiPV")
     smart_pruning_factor: float = _param(1.33, 0.0, 10.0, "",
                                          "stop early when no other move can catch the best one at this "

@@ -40,8 +40,8 @@ from engine.params import SearchParams
 from engine.timeman import TimeManager
 from engine.tree import Batch, NNCache, Tree
 
-__all__ = ["CPU_MINIBATCH", "Driver", "EvalSpeed", "default_pipeline", "search_batch", "Info", "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher",
-           "game_ply", "q_to_cp", "wdl_permille"]
+__all__ = ["CPU_MINIBATCH", "Driver", "EvalSpeed", "default_pipeline", "search_batch", "Info",
+           "Line", "MoveSearch", "MultiSearch", "SearchResult", "Searcher", "game_ply", "q_to_cp", "wdl_permille"]
 
 # A timed search plans at least this many batches into its time (fewer, larger ones
 # leave a short search with a handful of nodes and a long tail at the deadline).
@@ -56,6 +56,9 @@ CPU_MINIBATCH = 8
 # stop: how long the best move waits for the tree lock (held by the search thread while it
 # gathers or backs up a batch, about 0.1 ms) before it is taken from the last info report instead.
 STOP_TREE_WAIT_S = 0.0003
+# A search thread with nothing to gather (another's batch holds the leaves) waits at most this
+# long for that backup before it looks again (a stop is seen within this time).
+SHARED_WAIT_S = 0.005
 # Time extension: another move is "better by value" when its Q beats the most visited
 # move's and it has at least this share of its visits (a Q of a few visits is noise) ...
 EXTENSION_MIN_VISIT_SHARE = 0.1
@@ -375,11 +378,27 @@ class EvalSpeed:
     OUTLIERS_IN_A_ROW = 3  # ... unless it is the third such in a row: the speed really changed
 
     def __init__(self, sizes: Sequence[int] = (), weight: float = 0.3) -> None:
-        self.sizes = tuple(sorted(sizes))
         self.weight = weight
+        self._timing = threading.Lock()
+        self.reset(sizes)
+
+    def reset(self, sizes: Sequence[int] = ()) -> None:
+        """Forget every measurement (a new network), in place: the drivers of several search
+        threads share one speed."""
+        self.sizes = tuple(sorted(sizes))
         self._seen: set[int] = set()
         self._means: dict[int, list[float]] = {}    # key -> [mean size, mean seconds]
         self._outliers: dict[int, int] = {}
+        self._busy_until = 0.0         # when the network finished its last call (the drivers' clock)
+
+    def served(self, start: float, end: float) -> float:
+        """The seconds the network spent on a call made at ``start`` and answered at ``end``: one
+        that waited behind another call (of any driver sharing this speed) counts from when that
+        one was answered."""
+        with self._timing:
+            seconds = end - max(start, self._busy_until)
+            self._busy_until = max(self._busy_until, end)
+        return seconds
 
     @property
     def measured(self) -> bool:
@@ -482,18 +501,17 @@ class Driver:
     thread at a time.
     """
 
-    def __init__(self, capacity: int, pipeline: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, capacity: int, pipeline: bool = False, clock: Callable[[], float] = time.monotonic,
+                 speed: Optional[EvalSpeed] = None) -> None:
         if capacity < 1:
             raise ValueError(f"batch capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.pipeline = pipeline
         self.clock = clock
-        self.speed = EvalSpeed()
+        self.speed = EvalSpeed() if speed is None else speed   # shared by the drivers of one search
         self._batches = [Batch(capacity) for _ in range(2 if pipeline else 1)]
         self._executor: Optional[ThreadPoolExecutor] = None
         self._start_index = 0          # round-robin start when the batch cannot hold every search
-        self._timing = threading.Lock()
-        self._busy_until = 0.0         # when the network finished its last batch (clock)
 
     def drop(self) -> None:
         """Forget every gathered leaf (a new search re-roots the trees); call with the trees' lock held."""
@@ -514,14 +532,23 @@ class Driver:
         ``lock`` is held while the trees are touched (gather, backup, ``on_round``),
         never during the network call. ``on_round(now)`` runs after each backup.
         A network error propagates (the searches keep what they had).
+
+        Several drivers may search the same trees at once, each on its own thread
+        with its own batches (``SearchThreads``): their leaves' visits in flight
+        steer each other's gathers away, as one driver's two batches do. They
+        share ``lock``, then a :class:`threading.Condition`: a driver that finds
+        nothing to gather while another's leaves are at the network waits on it
+        for a backup rather than spin.
         """
         lock = contextlib.nullcontext() if lock is None else lock
+        shared = isinstance(lock, threading.Condition)
         stopped = stopped or (lambda: False)
         sizes = tuple(getattr(network, "batch_sizes", ()) or ())
         if self.speed.sizes != sizes:      # priced by the sizes this network really runs
-            self.speed = EvalSpeed(sizes)
+            self.speed.reset(sizes)
         free = list(self._batches)
         inflight: list[_Gathered] = []      # at the network, oldest first
+        gathered: Optional[_Gathered] = None
         try:
             while True:
                 gathered = None
@@ -531,11 +558,17 @@ class Driver:
                     active = [s for s in searches if not s.done]
                     if active and free:
                         playouts = sum(s.tree.playouts for s in active)
-                        gathered = self._gather(free.pop(), active, sum(len(g.batch) for g in inflight))
+                        ahead = sum(len(g.batch) for g in inflight)
+                        if shared:      # the other drivers' leaves are at the network too
+                            ahead = max(ahead, sum(s.in_flight for s in active))
+                        gathered = self._gather(free.pop(), active, ahead)
                         if not len(gathered.batch):
                             free.append(gathered.batch)
                             gathered = None
                             if not inflight:
+                                if shared and any(s.in_flight for s in active):
+                                    lock.wait(SHARED_WAIT_S)   # another driver's batch holds the leaves
+                                    continue
                                 # Nothing for the network: every visit was resolved in the tree (or none
                                 # could be made). Judge the searches again, and give up on any that
                                 # cannot move at all.
@@ -561,11 +594,12 @@ class Driver:
                         continue      # gather the next batch while this one is at the network
                 if not inflight:
                     continue
-                collected = inflight.pop(0)
+                collected = inflight[0]   # stays listed until backed up: the finally below unwinds it
                 outputs, seconds, size = self._collect(collected)
                 with lock:
                     if stopped():
                         return
+                    inflight.pop(0)
                     self.speed.record(size, seconds)
                     if all(s.done for s, _ in collected.taken):
                         collected.batch.clear()   # done meanwhile: its leaves are no longer wanted
@@ -586,8 +620,11 @@ class Driver:
                             s.in_flight -= added
                         free.append(gathered.batch)
                         gathered = None
+                    if shared:
+                        lock.notify_all()
                 if gathered is not None:
                     inflight.append(self._submit(network, gathered))
+                    gathered = None
         finally:
             for waiting in inflight:
                 if waiting.future is not None:
@@ -596,11 +633,15 @@ class Driver:
                     except Exception:
                         pass
             with lock:
+                # Only this driver's leaves: another driver on the same searches may still have some.
+                for unfinished in inflight + ([gathered] if gathered is not None else []):
+                    for s, added in unfinished.taken:
+                        s.in_flight -= added
                 for batch in self._batches:
                     if len(batch):
                         batch.clear()
-                for s in searches:
-                    s.in_flight = 0
+                if shared:
+                    lock.notify_all()
 
     # -- one round -----------------------------------------------------------
 
@@ -684,11 +725,7 @@ class Driver:
         waited at the network for the one before it is timed from when that one was done."""
         start = self.clock()
         outputs = network.evaluate(planes)
-        with self._timing:
-            end = self.clock()
-            seconds = end - max(start, self._busy_until)
-            self._busy_until = end
-        return outputs, seconds, len(planes)
+        return outputs, self.speed.served(start, self.clock()), len(planes)
 
     @staticmethod
     def _collect(gathered: _Gathered) -> tuple[Any, float, int]:
@@ -847,7 +884,8 @@ class Searcher:
         self.timeman.move_overhead_ms = self.params.move_overhead_ms
         self.cache = NNCache(self.params.nn_cache_size)
         self.tree = Tree(cache=self.cache, max_bytes=self.params.hash_mb << 20, **self.params.tree_settings())
-        self._tree_lock = threading.Lock()
+        # A Condition: the search threads (SearchThreads) wait on it for each other's backups.
+        self._tree_lock = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._ponderhit = threading.Event()
@@ -865,10 +903,11 @@ class Searcher:
         self._board = Board()
         self._move: Optional[MoveSearch] = None
         self._watchdog: Optional[threading.Timer] = None
-        # One driver (and its batches) kept across searches: a new 7 MB planes buffer per go
-        # cost time, and, freed on a different short-lived search thread each time, left
-        # memory behind in glibc's per-thread arenas (RSS crept up over hundreds of games).
-        self._driver: Optional[Driver] = None
+        # One driver (and its batches) per search thread, kept across searches: a new 7 MB planes
+        # buffer per go cost time, and, freed on a different short-lived search thread each time,
+        # left memory behind in glibc's per-thread arenas (RSS crept up over hundreds of games).
+        self._drivers: list[Driver] = []
+        self._speed = EvalSpeed()            # the network's speed, as all the drivers measure it
         self._snapshot: Optional[tuple[str, Optional[str]]] = None   # (best, ponder) as last reported
         # Why the network could not be had, the last time it was asked for: a search stopped before
         # it asked (an empty clock's watchdog) says so rather than invent a move.
@@ -918,8 +957,7 @@ class Searcher:
         with self._tree_lock:
             self.tree.reset()
             self.cache.clear()
-            if self._driver is not None:
-                self._driver.speed = EvalSpeed()
+            self._speed.reset()
 
     # -- searching -----------------------------------------------------------
 
@@ -994,8 +1032,8 @@ class Searcher:
             # position's best move. The previous search's leaves at the network are dropped first
             # (its thread discards the results), since they point into the old tree.
             with self._tree_lock:
-                if self._driver is not None:
-                    self._driver.drop()
+                for driver in self._drivers:
+                    driver.drop()
                 root_tree(self.tree, board, go)
                 self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started)
                 self._positioned = generation
@@ -1086,15 +1124,14 @@ class Searcher:
                 stop.wait(0.005)
             return
         move.batch = search_batch(self.params, network)
-        driver = self._driver_for(network, move.batch)
+        drivers = self._drivers_for(network, move.batch, self.params.search_threads)
         while True:
             if ponderhit.is_set():      # the ponder search goes on as a timed one, unless done already
                 ponderhit.clear()
                 with self._tree_lock:
                     if stop.is_set() or move.update(time.monotonic()):
                         return
-            driver.run(network, [move], lock=self._tree_lock, stopped=stop.is_set,
-                       on_round=lambda now: self._on_round(now, stop))
+            self._run_drivers(drivers, network, move, stop)
             if stop.is_set():
                 return
             if ponderhit.is_set():
@@ -1105,14 +1142,41 @@ class Searcher:
             while not stop.is_set() and not ponderhit.is_set():
                 stop.wait(0.005)
 
-    def _driver_for(self, network: object, size: int) -> Driver:
+    def _drivers_for(self, network: object, size: int, threads: int) -> list[Driver]:
         pipeline = default_pipeline(network) if self.pipeline is None else self.pipeline
-        driver = self._driver
-        if driver is None or driver.capacity != size or driver.pipeline != pipeline:
-            if driver is not None:
+        drivers = self._drivers
+        if len(drivers) != threads or any(d.capacity != size or d.pipeline != pipeline for d in drivers):
+            for driver in drivers:
                 driver.close()
-            driver = self._driver = Driver(size, pipeline)
-        return driver
+            drivers = self._drivers = [Driver(size, pipeline, speed=self._speed) for _ in range(threads)]
+        return drivers
+
+    def _run_drivers(self, drivers: list[Driver], network: object, move: MoveSearch,
+                     stop: threading.Event) -> None:
+        """Search ``move`` with every driver until it is done or stopped: the first on this thread,
+        each other one on a search thread of its own. The first error stops them all and is
+        raised once all have ended."""
+        failed = threading.Event()
+        errors: list[BaseException] = []
+
+        def search(driver: Driver) -> None:
+            try:
+                driver.run(network, [move], lock=self._tree_lock,
+                           stopped=lambda: stop.is_set() or failed.is_set(),
+                           on_round=lambda now: self._on_round(now, stop))
+            except BaseException as exc:
+                errors.append(exc)
+                failed.set()
+
+        helpers = [threading.Thread(target=search, args=(driver,), name=f"cyzero-search-{i}", daemon=True)
+                   for i, driver in enumerate(drivers[1:], start=2)]
+        for helper in helpers:
+            helper.start()
+        search(drivers[0])
+        for helper in helpers:
+            helper.join()
+        if errors:
+            raise errors[0]
 
     def _on_round(self, now: float, stop: threading.Event) -> None:
         """After each backup (tree lock held): an info report when the best move changed or

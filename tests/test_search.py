@@ -88,10 +88,17 @@ def run(searcher, board, go, timeout=TIMEOUT):
     return rec
 
 
-@pytest.fixture(params=[False, True], ids=["one-batch", "two-batches"])
+# (pipeline, SearchThreads): one search thread with one or two batches in flight, and two
+# search threads gathering into the same tree, with one batch each or two.
+SEARCH_MODES = [(False, 1), (True, 1), (False, 2), (True, 2)]
+MODE_IDS = ["one-batch", "two-batches", "two-threads", "two-threads-two-batches"]
+
+
+@pytest.fixture(params=SEARCH_MODES, ids=MODE_IDS)
 def searcher(request):
-    return Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32, move_overhead_ms=0),
-                    pipeline=request.param)
+    pipeline, threads = request.param
+    return Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=32, move_overhead_ms=0,
+                                                        search_threads=threads), pipeline=pipeline)
 
 
 def test_nodes_limit_is_reached_and_move_is_legal(searcher):
@@ -117,11 +124,12 @@ def test_movetime_search_ends_by_itself_after_many_batches():
     assert net.calls > 5 and s.tree.nodes > 5 * 32
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_hard_deadline_does_not_wait_for_the_batch_at_the_network(pipeline):
+@pytest.mark.parametrize("pipeline,threads", SEARCH_MODES, ids=MODE_IDS)
+def test_hard_deadline_does_not_wait_for_the_batch_at_the_network(pipeline, threads):
     """The bestmove of a 100 ms search comes while its network call is still blocked."""
     net = BlockingNetwork(block_from=2)
-    s = Searcher(lambda: net, SearchParams(minibatch_size=32, move_overhead_ms=0), pipeline=pipeline)
+    s = Searcher(lambda: net, SearchParams(minibatch_size=32, move_overhead_ms=0, search_threads=threads),
+                 pipeline=pipeline)
     rec = Recorder()
     s.start(Board(), GoParams(movetime=100), rec.info, rec.best)
     assert rec.done.wait(TIMEOUT), "the deadline waited for the network"
@@ -132,10 +140,10 @@ def test_hard_deadline_does_not_wait_for_the_batch_at_the_network(pipeline):
     assert len(rec.results) == 1
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_stop_answers_from_the_tree_with_exactly_one_bestmove(pipeline):
+@pytest.mark.parametrize("pipeline,threads", SEARCH_MODES, ids=MODE_IDS)
+def test_stop_answers_from_the_tree_with_exactly_one_bestmove(pipeline, threads):
     net = BlockingNetwork(block_from=6)
-    s = Searcher(lambda: net, SearchParams(minibatch_size=32), pipeline=pipeline)
+    s = Searcher(lambda: net, SearchParams(minibatch_size=32, search_threads=threads), pipeline=pipeline)
     rec = Recorder()
     s.start(Board(), GoParams(infinite=True), rec.info, rec.best)
     assert net.entered.wait(TIMEOUT)
@@ -459,9 +467,10 @@ def test_temperature_cutoff_plays_the_best_move():
     assert rec.results[0].best == "a1a8"
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_nodes_limit_is_not_overshot_by_a_batch(pipeline):
-    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=256), pipeline=pipeline)
+@pytest.mark.parametrize("pipeline,threads", SEARCH_MODES, ids=MODE_IDS)
+def test_nodes_limit_is_not_overshot_by_a_batch(pipeline, threads):
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=256, search_threads=threads),
+                 pipeline=pipeline)
     for nodes in (50, 333):
         s.new_game()
         run(s, Board(), GoParams(nodes=nodes))
@@ -541,3 +550,73 @@ def test_a_failure_while_reporting_still_gives_exactly_one_legal_bestmove(failin
     time.sleep(0.05)
     assert len(rec.results) == 1 and rec.results[0].best in Board().legal_moves()
     assert [line for line in logged if line.startswith("error: ") and "the clock fell off" in line], logged
+
+
+# --------------------------------------------------------------------------- search threads
+
+
+class MeetingNetwork(FakeNetwork):
+    """Calls 2 and 3 wait for each other at a barrier (so they are at the network at once); every
+    call's rows and calling thread are kept."""
+
+    def __init__(self, fail_from=None):
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=TIMEOUT)
+        self.lock = threading.Lock()
+        self.batches = []         # (thread, rows as bytes)
+        self.fail_from = fail_from
+
+    def evaluate(self, planes):
+        with self.lock:
+            self.batches.append((threading.current_thread(), [row.tobytes() for row in planes]))
+            call = len(self.batches)
+        if call in (2, 3):
+            self.barrier.wait()
+        if self.fail_from is not None and call >= self.fail_from:
+            raise RuntimeError("the accelerator caught fire")
+        return super().evaluate(planes)
+
+
+def test_two_search_threads_have_distinct_leaves_at_the_network_at_once():
+    """Virtual loss across threads: the second thread's gather steers away from the first's leaves
+    in flight. Each thread has one batch (no pipeline), so two calls at the network at once (the
+    barrier) can only be the two threads'."""
+    net = MeetingNetwork()
+    s = Searcher(lambda: net, SearchParams(minibatch_size=16, search_threads=2), pipeline=False)
+    rec = run(s, Board(), GoParams(nodes=400))
+    (first_thread, first), (second_thread, second) = net.batches[1], net.batches[2]
+    assert first_thread is not second_thread
+    assert len(set(first) | set(second)) == len(first) + len(second), "a leaf went to the network twice"
+    assert len({thread for thread, _ in net.batches}) == 2
+    assert rec.results[0].best in Board().legal_moves()
+    assert s.tree.nodes == 400
+    # Nothing was left in flight: every visit reached the tree, and a new search reuses it.
+    assert sum(s.tree.visit_distribution().values()) == s.tree.nodes - 1
+    run(s, Board(), GoParams(nodes=800))
+    assert s.tree.nodes == 800
+    # Every search thread has ended (no thread is left behind by a search).
+    assert not any(thread.is_alive() for thread, _ in net.batches)
+
+
+def test_collisions_between_search_threads_neither_lose_nor_add_visits():
+    """A root with three moves and two threads asking 64 leaves each: most of the second gather
+    collides with the first's leaves in flight; the visits still add up exactly."""
+    board = Board("8/8/8/8/8/5k2/8/6QK w - - 0 1")
+    for nodes in (7, 150, 1000):
+        s = Searcher(lambda: FakeNetwork(delay=0.002), SearchParams(minibatch_size=64, search_threads=2),
+                     pipeline=False)
+        rec = run(s, board, GoParams(nodes=nodes))
+        assert s.tree.nodes == nodes
+        assert sum(s.tree.visit_distribution().values()) == nodes - 1
+        assert rec.results[0].best in board.legal_moves()
+
+
+def test_a_failing_search_thread_stops_the_others_and_one_bestmove_comes():
+    net = MeetingNetwork(fail_from=5)
+    s = Searcher(lambda: net, SearchParams(minibatch_size=16, search_threads=2), pipeline=False)
+    logged = []
+    s.log = logged.append
+    rec = run(s, Board(), GoParams(infinite=True))     # only the failure can end it
+    assert len(rec.results) == 1 and rec.results[0].best in Board().legal_moves()
+    assert any("accelerator caught fire" in line for line in logged), logged
+    assert not any(thread.is_alive() for thread, _ in net.batches)

@@ -596,6 +596,28 @@ def test_a_live_position_never_gets_bestmove_none(eng, fen):
     legal_bestmove(chess.Board(), eng.go("nodes 10")[1])
 
 
+def test_two_search_threads_play_legal_moves_and_stop_at_once(eng):
+    """SearchThreads 2 on the engine's real network: fixed nodes, a proven mate, and stop."""
+    eng.setoption("SearchThreads", 2)
+    try:
+        rng = random.Random(2)
+        board = random_game(rng, 6, chess.Board(MIDDLEGAME))
+        eng.position(board)
+        lines, best = eng.go("nodes 300")
+        legal_bestmove(board, best)
+        assert [i for i in infos(lines) if "nodes" in i][-1]["nodes"] == 300
+        eng.send(f"position fen {MATE_IN_1_BLACK}")
+        lines, best = eng.go("nodes 200")
+        assert best.split()[1] == "b3b2" and [i for i in infos(lines) if "pv" in i][-1]["score"] == ("mate", 1)
+        eng.position(board)
+        eng.send("go infinite")
+        eng.until(lambda text: text.startswith("info depth"), DEADLINE_S)
+        eng.send("stop")
+        legal_bestmove(board, eng.until("bestmove", DEADLINE_S)[-1])
+    finally:
+        eng.setoption("SearchThreads", 1)
+
+
 # --------------------------------------------------------------------------- info
 
 

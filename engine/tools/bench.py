@@ -78,6 +78,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -1414,14 +1415,16 @@ class _CountingNetwork:
         self.calls = 0
         self.seconds = 0.0
         self.sizes: list[int] = []
+        self._counting = threading.Lock()   # several search threads call at once
 
     def evaluate(self, planes):
         start = time.perf_counter()
         result = self.net.evaluate(planes)
-        self.seconds += time.perf_counter() - start
-        self.positions += len(planes)
-        self.calls += 1
-        self.sizes.append(len(planes))
+        with self._counting:
+            self.seconds += time.perf_counter() - start
+            self.positions += len(planes)
+            self.calls += 1
+            self.sizes.append(len(planes))
         return result
 
 
@@ -1437,7 +1440,6 @@ def _replay(net, sizes: list[int], planes, outputs) -> float:
 
 def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float]:
     """One fresh search of ``seconds``: (playouts, wall seconds, bytes per node)."""
-    import threading
 
     from engine.board import Board
     from engine.limits import GoParams
@@ -1463,7 +1465,9 @@ MOVETIME_FENS = (
     "r2q1rk1/pp2bppp/2n1pn2/3p4/3P4/2NBPN2/PP3PPP/R2Q1RK1 w - - 0 10",
 )
 MOVETIME_REPEATS = 3
-SEARCH_MODES = (("one batch", False), ("two batches", True))
+# (label, pipeline, SearchThreads): one search thread with one or two batches in flight, and two
+# search threads with one batch each (lc0's arrangement on a GPU).
+SEARCH_MODES = (("one batch", False, 1), ("two batches", True, 1), ("two threads", False, 2))
 
 
 def _short_movetime(counted, raw_positions_per_s: float) -> dict:
@@ -1471,7 +1475,6 @@ def _short_movetime(counted, raw_positions_per_s: float) -> dict:
     pipelining), a new game each time: median nodes against what raw evaluate could do in the
     time the budget leaves after the overhead and the safety margin."""
     import statistics
-    import threading
 
     from engine.board import Board
     from engine.limits import GoParams
@@ -1541,8 +1544,9 @@ def bench_search(args: argparse.Namespace) -> int:
     # Move Overhead 0 and no smart pruning: every search runs its whole movetime.
     params = SearchParams(minibatch_size=args.batch, smart_pruning_factor=0.0, move_overhead_ms=0)
     batch = search_batch(params, net)
-    searchers = {pipeline: Searcher(lambda: counted, params, TimeManager(safety_ms=0), pipeline=pipeline)
-                 for _, pipeline in SEARCH_MODES}
+    searchers = {label: Searcher(lambda: counted, params.replace(search_threads=threads), TimeManager(safety_ms=0),
+                                 pipeline=pipeline)
+                 for label, pipeline, threads in SEARCH_MODES}
     uci_pipeline = default_pipeline(counted)   # what the UCI search picks here
     largest = max(batch, net.max_batch)
     planes, _ = _nn_inputs(largest)
@@ -1555,28 +1559,28 @@ def bench_search(args: argparse.Namespace) -> int:
         print(f"network: {net.description}; search batch {batch}{sizes_note}")
         print()
         print(f"{'position':<12}" + "".join(
-            f"{label + ' nodes/s':>24}{'raw pos/s':>11}{'eff.':>7}{'batch':>7}" for label, _ in SEARCH_MODES)
+            f"{label + ' nodes/s':>24}{'raw pos/s':>11}{'eff.':>7}{'batch':>7}" for label, _, _ in SEARCH_MODES)
             + f"{'bytes/node':>12}")
     positions = []
     half = max(0.05, args.seconds / 2)  # a search shorter than 50 ms is mostly its start and stop
     for name, fen in TREE_POSITIONS:
-        per_mode = {pipeline: dict(nodes=0, seconds=0.0, calls=0, positions=0, raw_seconds=0.0)
-                    for _, pipeline in SEARCH_MODES}
+        per_mode = {label: dict(nodes=0, seconds=0.0, calls=0, positions=0, raw_seconds=0.0)
+                    for label, _, _ in SEARCH_MODES}
         bytes_per_node = 0.0
         for _ in range(2):  # alternate, so that a change in the machine's load hits all alike
-            for _, pipeline in SEARCH_MODES:
+            for label, _, _ in SEARCH_MODES:
                 counted.sizes = []
                 calls, evaluated = counted.calls, counted.positions
-                nodes, secs, bytes_per_node = _timed_search(searchers[pipeline], fen, half)
-                mode = per_mode[pipeline]
+                nodes, secs, bytes_per_node = _timed_search(searchers[label], fen, half)
+                mode = per_mode[label]
                 mode["nodes"] += nodes
                 mode["seconds"] += secs
                 mode["calls"] += counted.calls - calls
                 mode["positions"] += counted.positions - evaluated
                 mode["raw_seconds"] += _replay(net, counted.sizes, planes, outputs)
         result = {"name": name, "fen": fen, "bytes_per_node": round(bytes_per_node, 2), "modes": {}}
-        for label, pipeline in SEARCH_MODES:
-            mode = per_mode[pipeline]
+        for label, _, _ in SEARCH_MODES:
+            mode = per_mode[label]
             nps = mode["nodes"] / mode["seconds"]
             raw = mode["positions"] / mode["raw_seconds"] if mode["raw_seconds"] else 0.0
             result["modes"][label] = {
@@ -1595,7 +1599,7 @@ def bench_search(args: argparse.Namespace) -> int:
                 f"{m['efficiency']:>7.1%}{m['mean_batch']:>7.0f}"
                 for m in result["modes"].values()) + f"{result['bytes_per_node']:>12.1f}", flush=True)
     modes = {}
-    for label, _ in SEARCH_MODES:
+    for label, _, _ in SEARCH_MODES:
         nps = sum(p["modes"][label]["search_nodes_per_s"] for p in positions) / len(positions)
         raw = sum(p["modes"][label]["raw_positions_per_s"] for p in positions) / len(positions)
         busy = sum(p["modes"][label]["network_busy"] for p in positions) / len(positions)
