@@ -20,7 +20,9 @@ NN = {"benchmark": "nn", "provider": "CUDAExecutionProvider", "batches": [256, 2
                    "fp16": {"positions_per_second": {"256": 86442.0, "2048": 157081.0}, "best_batch": 2048,
                             "best_positions_per_second": 157081.0}}}
 SEARCH = {"benchmark": "search", "efficiency": 0.93, "search_nodes_per_s": 53000.0, "raw_positions_per_s": 57000.0,
-          "short_movetime": {"movetime_ms": 200, "ratio": 0.41}, "provider": "CUDAExecutionProvider"}
+          "short_movetime": {"movetime_ms": 200, "ratio": 0.41}, "provider": "CUDAExecutionProvider",
+          "modes": {"two batches": {"efficiency": 0.93, "search_nodes_per_s": 53000.0},
+                    "two threads": {"efficiency": 0.95, "search_nodes_per_s": 54000.0}}}
 SELFPLAY = {"device": "cuda:0", "config": None, "efficiency": 0.88, "runs": {
     "1": {"ratio": 0.87, "selfplay_evals_per_s": 50000.0, "raw_evals_per_s": 57500.0, "games_per_hour": 900.0,
           "games_finished": 40, "games_per_hour_finished": 4100.0},
@@ -65,6 +67,7 @@ def test_every_headline_figure_beside_its_target(results):
     assert find(rows, "bench search", "raw positions/s").value == "57,000"
     movetime = find(rows, "bench search", "go movetime 200: nodes / raw capacity")
     assert (movetime.value, movetime.verdict) == ("41.0%", "BELOW")
+    assert find(rows, "bench search", "two threads: search / raw").value == "95.0% at 54,000 nodes/s"
     for bench in ("bench selfplay", "bench selfplay --config gpu"):
         assert find(rows, bench, "efficiency (self-play / raw)").verdict == "ok"
         assert find(rows, bench, "2 workers: self-play / raw").value == "86.0%"

@@ -228,6 +228,11 @@ def _search(data: dict, name: str, table: _Table) -> None:
     table.add("search nodes/s", ["search_nodes_per_s"], _rate)
     table.add("raw positions/s", ["raw_positions_per_s"], _rate)
     table.add("go movetime 200: nodes / raw capacity", ["short_movetime", "ratio"], _share, 0.5, ">= 50%")
+    # Each arrangement measured (one batch, two batches, two search threads): which to default to.
+    modes = data.get("modes") if isinstance(data, dict) else None
+    for label in modes if isinstance(modes, dict) else ():
+        table.add(f"{label}: search / raw", ["modes", label, "efficiency"], _share,
+                  extra=(" at ", ["modes", label, "search_nodes_per_s"], _rate, " nodes/s"))
 
 
 def _selfplay(data: dict, name: str, table: _Table, defaults: bool) -> None:
