@@ -160,8 +160,9 @@ def test_stop_answers_from_the_tree_with_exactly_one_bestmove(pipeline, threads)
     assert s.tree.nodes >= 200 and len(rec.results) == 1
 
 
-def test_infinite_never_ends_by_itself_even_when_solved():
-    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_infinite_never_ends_by_itself_even_when_solved(threads):
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16, search_threads=threads))
     rec = Recorder()
     s.start(Board("6k1/5ppp/8/8/8/8/8/R6K w - - 0 1"), GoParams(infinite=True), rec.info, rec.best)
     wait_for(lambda: s.tree.root_proven == 1, "the mate to be proven")
@@ -171,8 +172,9 @@ def test_infinite_never_ends_by_itself_even_when_solved():
     assert rec.results[0].best == "a1a8"
 
 
-def test_ponder_then_ponderhit_becomes_a_timed_search():
-    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16, move_overhead_ms=0))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ponder_then_ponderhit_becomes_a_timed_search(threads):
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16, move_overhead_ms=0, search_threads=threads))
     rec = Recorder()
     s.start(Board(), GoParams(ponder=True, movetime=150), rec.info, rec.best)
     wait_for(lambda: s.tree.nodes >= 500, "the ponder search to grow")
