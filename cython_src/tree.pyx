@@ -624,8 +624,12 @@ cdef void _backup_leaf(Leaf* lf, const Pos* p, const uint32_t* paths, const Move
     policy_priors(p, moves, n, logits, t.params.policy_temperature, priors)
     if t.cache != NULL and t.cache_size:
         ce = &t.cache[lf.cache_key % t.cache_size]
-        free(ce.priors)
-        ce.priors = <uint16_t*>malloc(n * sizeof(uint16_t) if n else 1)
+        if ce.priors == NULL or ce.cap < n:
+            free(ce.priors)
+            ce.cap = (n + 15) & ~15 if n else 16   # whole rows of 16: a slot seldom has to grow again
+            ce.priors = <uint16_t*>malloc(ce.cap * sizeof(uint16_t))
+            if ce.priors == NULL:
+                ce.cap = 0
         if ce.priors != NULL:
             ce.key = lf.cache_key
             ce.wl = wl
@@ -673,6 +677,7 @@ cdef class NNCache:
         for i in range(self.capacity):
             free(self.entries[i].priors)
             self.entries[i].priors = NULL
+            self.entries[i].cap = 0
             self.entries[i].key = 0
 
     def clear(self):

@@ -48,6 +48,7 @@ cdef struct CacheEntry:
     float d
     float m
     uint16_t nmoves
+    uint16_t cap             # room in priors (kept across stores: no malloc/free per store)
     uint16_t* priors         # one per legal move, in gen_legal order, P x 65535
 
 cdef struct Leaf:            # one network request in a batch
