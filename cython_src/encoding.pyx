@@ -102,14 +102,17 @@ cdef inline void _fill(float* plane, float value) noexcept nogil:
         plane[i] = value
 
 
-cdef inline void _scatter(float* plane, u64 b) noexcept nogil:
+cdef inline void _set_squares(float* plane, u64 b, float value) noexcept nogil:
+    if b == ~0ULL:
+        _fill(plane, value)
+        return
     while b:
-        plane[cz_lsb(b)] = 1.0
+        plane[cz_lsb(b)] = value
         b &= b - 1
 
 
-cdef inline void _write_pieces(const Pos* p, int us, float* dst) noexcept nogil:
-    """13 planes of one history slot (the repetition plane is left to the caller)."""
+cdef inline void _piece_bits(const Pos* p, int us, u64* bits) noexcept nogil:
+    """The 12 piece planes of one history slot, from the side to move's view, as bitboards."""
     cdef int pt
     cdef u64 ours, theirs
     for pt in range(1, 7):
@@ -118,8 +121,8 @@ cdef inline void _write_pieces(const Pos* p, int us, float* dst) noexcept nogil:
         if us == BLACK:
             ours = cz_bswap64(ours)
             theirs = cz_bswap64(theirs)
-        _scatter(dst + (pt - 1) * 64, ours)
-        _scatter(dst + (pt + 5) * 64, theirs)
+        bits[pt - 1] = ours
+        bits[pt + 5] = theirs
 
 
 cdef inline bint _is_standard_start(const Pos* p) noexcept nogil:
@@ -162,39 +165,22 @@ cdef inline void _castling_sides(const Pos* p, int color, bint* a_side, bint* h_
         rights &= rights - 1
 
 
-cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start_ep,
-                        float* out) noexcept nogil:
+cdef void _history_bits(const Pos* cur, const Undo* stack, int nstack, int start_ep,
+                        u64* bits) noexcept nogil:
+    """Planes 0-103 (8 history slots of 12 piece planes and a repetition plane) as bitboards:
+    the squares that hold 1.0."""
     cdef int us = cur.turn
-    cdef int i, slots, ply, pawn_sq, from_sq
-    cdef bint a_side, h_side
-    cdef Pos p
-    memset(out, 0, PLANE_FLOATS * sizeof(float))
-
-    _castling_sides(cur, us, &a_side, &h_side)
-    if a_side:
-        _fill(out + 104 * 64, 1.0)
-    if h_side:
-        _fill(out + 105 * 64, 1.0)
-    _castling_sides(cur, 1 - us, &a_side, &h_side)
-    if a_side:
-        _fill(out + 106 * 64, 1.0)
-    if h_side:
-        _fill(out + 107 * 64, 1.0)
-    if us == BLACK:
-        _fill(out + 108 * 64, 1.0)
-    _fill(out + 109 * 64, <float>cur.halfmove)
-    _fill(out + 111 * 64, 1.0)
-
-    p = cur[0]
+    cdef int i, k, slots, ply, pawn_sq, from_sq
+    cdef Pos p = cur[0]
+    memset(bits, 0, HISTORY_PLANES * sizeof(u64))
     slots = nstack + 1 if nstack < 7 else 8
     for i in range(slots):
         ply = nstack - i
         if i:
             unmake_move(&p, &stack[ply])
-        _write_pieces(&p, us, out + i * 13 * 64)
+        _piece_bits(&p, us, bits + i * 13)
         if _occurred_before(&p, stack, ply):
-            _fill(out + (i * 13 + 12) * 64, 1.0)
-
+            bits[i * 13 + 12] = ~0ULL
     if slots == 8 or _is_standard_start(&p):
         return
     # A game from a FEN: repeat the oldest position, with a pawn that just double-pushed
@@ -208,12 +194,53 @@ cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start
             from_sq = start_ep + 8
         p.pieces[PAWN] ^= (1ULL << pawn_sq) | (1ULL << from_sq)
         p.colors[p.board[pawn_sq] >> 3] ^= (1ULL << pawn_sq) | (1ULL << from_sq)
-        memset(out + slots * 13 * 64, 0, 13 * 64 * sizeof(float))
-        _write_pieces(&p, us, out + slots * 13 * 64)
+        _piece_bits(&p, us, bits + slots * 13)
     else:
-        memcpy(out + slots * 13 * 64, out + (slots - 1) * 13 * 64, 12 * 64 * sizeof(float))
+        for k in range(12):
+            bits[slots * 13 + k] = bits[(slots - 1) * 13 + k]
     for i in range(slots + 1, 8):
-        memcpy(out + i * 13 * 64, out + slots * 13 * 64, 12 * 64 * sizeof(float))
+        for k in range(12):
+            bits[i * 13 + k] = bits[slots * 13 + k]
+
+
+cdef inline void _write_state(const Pos* cur, float* out) noexcept nogil:
+    """Planes 104-111 (castling, side to move, rule50, zeros, ones), every square written."""
+    cdef int us = cur.turn
+    cdef bint a_side, h_side
+    _castling_sides(cur, us, &a_side, &h_side)
+    _fill(out + 104 * 64, 1.0 if a_side else 0.0)
+    _fill(out + 105 * 64, 1.0 if h_side else 0.0)
+    _castling_sides(cur, 1 - us, &a_side, &h_side)
+    _fill(out + 106 * 64, 1.0 if a_side else 0.0)
+    _fill(out + 107 * 64, 1.0 if h_side else 0.0)
+    _fill(out + 108 * 64, 1.0 if us == BLACK else 0.0)
+    _fill(out + 109 * 64, <float>cur.halfmove)
+    _fill(out + 110 * 64, 0.0)
+    _fill(out + 111 * 64, 1.0)
+
+
+cdef void encode_planes(const Pos* cur, const Undo* stack, int nstack, int start_ep,
+                        float* out) noexcept nogil:
+    cdef u64 bits[HISTORY_PLANES]
+    cdef int k
+    _history_bits(cur, stack, nstack, start_ep, bits)
+    memset(out, 0, HISTORY_PLANES * 64 * sizeof(float))
+    for k in range(HISTORY_PLANES):
+        _set_squares(out + k * 64, bits[k], 1.0)
+    _write_state(cur, out)
+
+
+cdef void encode_planes_over(const Pos* cur, const Undo* stack, int nstack, int start_ep,
+                             float* out, u64* last) noexcept nogil:
+    cdef u64 bits[HISTORY_PLANES]
+    cdef int k
+    _history_bits(cur, stack, nstack, start_ep, bits)
+    for k in range(HISTORY_PLANES):
+        if bits[k] != last[k]:
+            _set_squares(out + k * 64, last[k] & ~bits[k], 0.0)
+            _set_squares(out + k * 64, bits[k] & ~last[k], 1.0)
+            last[k] = bits[k]
+    _write_state(cur, out)
 
 
 cdef int legal_priors(const Pos* p, const float* logits, float temperature,

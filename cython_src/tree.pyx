@@ -24,7 +24,7 @@ from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
 
 from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
                            unmake_move, in_check, gives_check, insufficient_material, move_to_uci)
-from engine.encoding cimport encode_planes, policy_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS
+from engine.encoding cimport encode_planes_over, policy_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS, HISTORY_PLANES
 
 cnp.import_array()
 
@@ -501,8 +501,9 @@ cdef class Batch:
     cdef readonly int size
     cdef readonly int capacity
     cdef readonly bint encode
-    cdef public object planes
+    cdef readonly object planes
     cdef float* planes_ptr
+    cdef uint64_t* written   # each row's planes 0-103 as last encoded (encode_planes_over)
     cdef list _owners
 
     def __cinit__(self, int capacity=256, *, bint encode=True):
@@ -520,7 +521,10 @@ cdef class Batch:
         self.cap_moves = capacity * 64
         self.moves = <Move*>malloc(self.cap_moves * sizeof(Move))
         self.n_moves = 0
-        if self.leaves == NULL or self.positions == NULL or self.paths == NULL or self.moves == NULL:
+        # Zeroed, as the planes are: every row starts as an encoding of nothing.
+        self.written = <uint64_t*>calloc((capacity if encode else 1) * HISTORY_PLANES, sizeof(uint64_t))
+        if (self.leaves == NULL or self.positions == NULL or self.paths == NULL or self.moves == NULL
+                or self.written == NULL):
             raise MemoryError()
         self.planes = np.zeros((capacity if encode else 1, INPUT_PLANES, 8, 8), dtype=np.float32)
         cdef float[:, :, :, ::1] view = self.planes
@@ -532,6 +536,7 @@ cdef class Batch:
         free(self.positions)
         free(self.paths)
         free(self.moves)
+        free(self.written)
 
     def __len__(self):
         return self.size
@@ -1603,8 +1608,9 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
             batch.n_moves += n
             batch.positions[batch.size] = pos
             if batch.encode:
-                encode_planes(&pos, t.stack, t.root_ply + depth, t.start_ep,
-                              batch.planes_ptr + batch.size * PLANE_FLOATS)
+                encode_planes_over(&pos, t.stack, t.root_ply + depth, t.start_ep,
+                                   batch.planes_ptr + batch.size * PLANE_FLOATS,
+                                   batch.written + batch.size * HISTORY_PLANES)
             batch.size += 1
             t.pending += 1
             node.flags |= NODE_PENDING

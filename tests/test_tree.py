@@ -1233,3 +1233,35 @@ def test_root_summary_is_what_the_stop_rules_read_of_root_children():
             if tree.playouts == before:
                 break
     assert seen_better and seen_proven     # both branches were compared
+
+
+@pytest.mark.parametrize("fen,moves", [
+    (chess.STARTING_FEN, ["e2e4", "c7c5", "g1f3"]),
+    ("rnbqkbnr/ppp1p1pp/8/3pPp2/8/8/PPPP1PPP/RNBQKBNR w KQkq f6 0 3", []),   # from a FEN, ep square named
+    ("r3k2r/8/8/8/8/8/8/R3K2R b KQkq - 7 30", ["e8g8"]),                   # castling rights, rule50 count
+])
+def test_a_reused_batch_writes_the_planes_a_fresh_one_does(fen, moves):
+    """A batch row keeps its last encoding and the next leaf there writes only the squares that
+    differ (encode_planes_over): every row must still be the leaf's planes in full. Two identical
+    trees, one gathering into a fresh batch each round and one into the same batch throughout,
+    must send the same planes, and the first round's root the planes encode_board gives."""
+    board = Board(fen)
+    for move in moves:
+        board.push_uci(move)
+    trees = [Tree(board), Tree(board)]
+    reused = Batch(16)
+    net = WhiteWinsNet()
+    for round_ in range(40):
+        fresh = Batch(16)
+        trees[0].gather(fresh)
+        trees[1].gather(reused)
+        assert len(fresh) == len(reused)
+        if not len(fresh):
+            break
+        np.testing.assert_array_equal(reused.planes[: len(reused)], fresh.planes[: len(fresh)])
+        if round_ == 0:
+            np.testing.assert_array_equal(fresh.planes[0], encoding.encode_board(board))
+        outputs = net(fresh.planes[: len(fresh)])
+        fresh.backup(*outputs)
+        reused.backup(*outputs)
+    assert trees[0].playouts == trees[1].playouts > 100
