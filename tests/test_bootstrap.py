@@ -199,7 +199,11 @@ class _SignalWhileStarting:
         self.signum = signum
 
     def __reduce__(self):
-        return signal.raise_signal, (self.signum,)
+        # With its default action: a shell starts a background job with SIGINT ignored, and the
+        # worker inherits that (a CI run started with `&` saw the signal do nothing, then a
+        # TypeError from time.sleep(None), exit code 1).
+        return exec, (f"import signal; signal.signal({self.signum}, signal.SIG_DFL); "
+                      f"signal.raise_signal({self.signum})",)
 
 
 @pytest.mark.parametrize("ending", ["SIGTERM", "SIGINT", "exit 3", "exit 3 while stopping"])
