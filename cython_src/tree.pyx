@@ -548,21 +548,19 @@ cdef class Batch:
     cdef int _reserve_path(self, int depth) noexcept nogil:
         cdef void* p
         if self.n_paths + depth + 1 > self.cap_paths:
-            p = realloc(self.paths, 2 * (self.cap_paths + depth + 1) * sizeof(uint32_t))
+            p = _grow(self.paths, &self.cap_paths, self.n_paths + depth + 1, sizeof(uint32_t))
             if p == NULL:
                 return -1
             self.paths = <uint32_t*>p
-            self.cap_paths = 2 * (self.cap_paths + depth + 1)
         return 0
 
     cdef int _reserve_moves(self, int n) noexcept nogil:
         cdef void* p
         if self.n_moves + n > self.cap_moves:
-            p = realloc(self.moves, 2 * (self.cap_moves + n) * sizeof(Move))
+            p = _grow(self.moves, &self.cap_moves, self.n_moves + n, sizeof(Move))
             if p == NULL:
                 return -1
             self.moves = <Move*>p
-            self.cap_moves = 2 * (self.cap_moves + n)
         return 0
 
     def backup(self, policy, wdl, mlh=None):
@@ -1052,24 +1050,18 @@ cdef class Tree:
             i = order[k]
             e = self.core.edges[node.edges + i]
             ln = move_to_uci(&pos, e.move, buf)
+            visits = in_flight = 0
+            q = d = m = proven = None
             if child_of[i]:
                 c = &self.core.nodes[child_of[i]]
+                visits = c.n
+                in_flight = c.n_in_flight
                 if c.flags & NODE_PROVEN:
-                    out.append({"move": buf[:ln].decode("ascii"), "n": c.n, "in_flight": c.n_in_flight,
-                                "q": float(c.bound), "d": 1.0 if c.bound == 0 else 0.0,
-                                "m": float(c.m >> 4), "prior": e.prior / 65535.0,
-                                "proven": int(c.bound), "edge": i})
+                    q, d, m, proven = float(c.bound), 1.0 if c.bound == 0 else 0.0, float(c.m >> 4), int(c.bound)
                 elif c.n:
-                    out.append({"move": buf[:ln].decode("ascii"), "n": c.n, "in_flight": c.n_in_flight,
-                                "q": c.wl, "d": c.d, "m": _m_value(c), "prior": e.prior / 65535.0,
-                                "proven": None, "edge": i})
-                else:
-                    out.append({"move": buf[:ln].decode("ascii"), "n": 0, "in_flight": c.n_in_flight,
-                                "q": None, "d": None, "m": None, "prior": e.prior / 65535.0,
-                                "proven": None, "edge": i})
-            else:
-                out.append({"move": buf[:ln].decode("ascii"), "n": 0, "in_flight": 0, "q": None,
-                            "d": None, "m": None, "prior": e.prior / 65535.0, "proven": None, "edge": i})
+                    q, d, m = c.wl, c.d, _m_value(c)
+            out.append({"move": buf[:ln].decode("ascii"), "n": visits, "in_flight": in_flight, "q": q, "d": d,
+                        "m": m, "prior": e.prior / 65535.0, "proven": proven, "edge": i})
         return out
 
     def best_move(self):

@@ -526,22 +526,21 @@ class Driver:
 
     def run(self, network: Any, searches: Sequence[MoveSearch], *, lock: Any = None,
             stopped: Optional[Callable[[], bool]] = None,
-            on_round: Optional[Callable[[float], None]] = None) -> None:
+            on_round: Optional[Callable[[float], None]] = None, shared: bool = False) -> None:
         """Search until every search is done or ``stopped()``.
 
         ``lock`` is held while the trees are touched (gather, backup, ``on_round``),
         never during the network call. ``on_round(now)`` runs after each backup.
         A network error propagates (the searches keep what they had).
 
-        Several drivers may search the same trees at once, each on its own thread
-        with its own batches (``SearchThreads``): their leaves' visits in flight
-        steer each other's gathers away, as one driver's two batches do. They
-        share ``lock``, then a :class:`threading.Condition`: a driver that finds
-        nothing to gather while another's leaves are at the network waits on it
-        for a backup rather than spin.
+        ``shared``: other drivers search the same trees at once, each on its own
+        thread with its own batches (``SearchThreads``): their leaves' visits in
+        flight steer each other's gathers away, as one driver's two batches do.
+        They share ``lock``, then a :class:`threading.Condition`: a driver that
+        finds nothing to gather while another's leaves are at the network waits
+        on it for a backup rather than spin.
         """
         lock = contextlib.nullcontext() if lock is None else lock
-        shared = isinstance(lock, threading.Condition)
         stopped = stopped or (lambda: False)
         sizes = tuple(getattr(network, "batch_sizes", ()) or ())
         if self.speed.sizes != sizes:      # priced by the sizes this network really runs
@@ -1163,7 +1162,7 @@ class Searcher:
             try:
                 driver.run(network, [move], lock=self._tree_lock,
                            stopped=lambda: stop.is_set() or failed.is_set(),
-                           on_round=lambda now: self._on_round(now, stop))
+                           on_round=lambda now: self._on_round(now, stop), shared=len(drivers) > 1)
             except BaseException as exc:
                 errors.append(exc)
                 failed.set()

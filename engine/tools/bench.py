@@ -1440,7 +1440,6 @@ def _replay(net, sizes: list[int], planes, outputs) -> float:
 
 def _timed_search(searcher, fen: str, seconds: float) -> tuple[int, float, float]:
     """One fresh search of ``seconds``: (playouts, wall seconds, bytes per node)."""
-
     from engine.board import Board
     from engine.limits import GoParams
 
