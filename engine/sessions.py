@@ -430,13 +430,25 @@ def openvino_missing() -> Optional[str]:
     return None
 
 
+def import_openvino():
+    """``import openvino`` without its telemetry. On import, OpenVINO's Python package sends a usage
+    event to Google Analytics from a forked child process (openvino_telemetry): an engine must not
+    phone home, and that child, forked from a thread while the search runs, outlived ``quit``
+    (the os._exit in uci/__main__.py skips multiprocessing's clean-up). Without the
+    openvino_telemetry module OpenVINO uses its own no-op stub."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)   # import openvino_telemetry: ImportError
+    import openvino
+
+    return openvino
+
+
 def _openvino():
     """OpenVINO's ``Core``, made once, its compiled networks cached on disk when a folder can be had."""
     global _openvino_core
     with _openvino_lock:
         if _openvino_core is None:
-            import openvino
-
+            openvino = import_openvino()
             core = openvino.Core()
             cache = os.environ.get("CYZERO_OPENVINO_CACHE") or os.path.join(
                 os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
@@ -508,8 +520,7 @@ class OpenVinoSession:
 
     def __init__(self, compiled, metadata: dict, producer: str, precision: str, reason: str,
                  dynamic_inputs) -> None:
-        import openvino
-
+        openvino = import_openvino()
         self._compiled = compiled
         self._tensor = openvino.Tensor
         self.providers = [OPENVINO]

@@ -291,10 +291,11 @@ def test_train_bench_bootstrap(tmp_path, torch_installed):
 @pytest.mark.parametrize("terminal", [True, False])
 def test_typed_at_a_terminal_the_engine_says_on_stderr_that_it_is_ready(terminal):
     """`make engine` in a terminal waits for UCI after the build: one line on stderr says so.
-    From a GUI's pipe, stderr stays silent; stdout carries nothing but UCI either way."""
+    From a GUI's pipe, stderr stays silent; stdout carries nothing but UCI either way. The command
+    it gives for a GUI is an absolute path that runs (a GUI starts engines from its own folder)."""
     import pty
 
-    from uci.__main__ import TERMINAL_HINT
+    from uci.__main__ import terminal_hint
 
     if terminal:
         master, slave = pty.openpty()
@@ -311,7 +312,9 @@ def test_typed_at_a_terminal_the_engine_says_on_stderr_that_it_is_ready(terminal
     else:
         out, err = engine.communicate("quit\n", timeout=60)
     assert engine.returncode == 0 and out == ""
-    assert err == (TERMINAL_HINT + "\n" if terminal else ""), err
+    assert err == (terminal_hint() + "\n" if terminal else ""), err
+    command = terminal_hint().rsplit("runs it as ", 1)[1]
+    assert os.path.isabs(command.split()[0]) and os.access(command.split()[0], os.X_OK), command
 
 
 def test_bench_uci_reports_no_p99_from_fewer_than_a_hundred_samples():

@@ -16,8 +16,14 @@ from uci.session import run
 SWITCH_INTERVAL_S = 0.0001
 
 
-TERMINAL_HINT = ("cyzero is ready and speaks UCI: type `uci`, `isready`, `position startpos`, "
-                 "`go movetime 1000`; `quit` ends it. A chess GUI runs it as .venv/bin/cyzero.")
+def terminal_hint() -> str:
+    """What a person at a terminal reads first: how to talk to it, and the command a GUI needs (an
+    absolute path: a GUI starts engines from a folder of its own)."""
+    command = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "cyzero")
+    if not os.path.exists(command):
+        command = f"{os.path.abspath(sys.executable)} -m uci"
+    return ("cyzero is ready and speaks UCI: type `uci`, `isready`, `position startpos`, "
+            f"`go movetime 1000`; `quit` ends it. A chess GUI runs it as {command}")
 
 
 def _is_terminal(stream) -> bool:
@@ -25,6 +31,17 @@ def _is_terminal(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def _end_children() -> None:
+    """Nothing outlives ``quit``: os._exit skips multiprocessing's exit handler, which ends the
+    processes a library started (OpenVINO's telemetry did; engine.sessions.import_openvino keeps it
+    from starting), so end them here."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:
+        return
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def main(argv=None) -> int:
@@ -41,7 +58,7 @@ def main(argv=None) -> int:
     if _is_terminal(sys.stdin):
         # Typed at a terminal (`make engine`), the engine otherwise waits in silence after the
         # build and looks hung. stderr: stdout carries nothing but UCI.
-        print(TERMINAL_HINT, file=sys.stderr, flush=True)
+        print(terminal_hint(), file=sys.stderr, flush=True)
     code = run()
     if threading.active_count() > 1:
         # A search or a network load may still be inside ONNX Runtime on a daemon thread;
@@ -52,6 +69,7 @@ def main(argv=None) -> int:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        _end_children()
         os._exit(code)
     return code
 

@@ -851,8 +851,10 @@ def bench_nn(args: argparse.Namespace) -> int:
 
 
 def _openvino_version() -> str | None:
+    from engine.sessions import import_openvino
+
     try:
-        import openvino
+        openvino = import_openvino()
     except ImportError:
         return None
     return openvino.__version__
