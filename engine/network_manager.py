@@ -3,10 +3,13 @@
     >>> manager = NetworkManager("<default>", backend="cpu", log=print)
     >>> net = manager.get()                   # loads on first use (isready, or the first go)
     loaded network default.onnx sha256:1e24186e84ad CPU fp32 6x64, float32 io
-    >>> manager.set_endpoint("tcp://127.0.0.1:5557")   # follow a training daemon
+    >>> manager.set_endpoint("tcp://127.0.0.1:5781")   # follow a training daemon
     ...                                       # (a new network is loaded and verified in the background)
     >>> manager.apply_pending(searcher.network_changed)   # between searches only
     True
+    >>> manager.reconfigure("<default>", backend="cpu", device_id=0, threads=2)   # UCI Threads 2
+    True                                      # (built in the background; the network in use plays on)
+    >>> manager.wait_reloaded()               # isready waits for it
     >>> manager.close()
 
 The parts: :mod:`engine.weights` (locating, verifying, building),
@@ -33,7 +36,9 @@ from engine.watchers import (
     signature_of,
     validate_endpoint,
 )
-from engine.weights import DEFAULT_WEIGHTS, Candidate, NetworkBuilder, resolve_weights, weights_path, without_file_name
+from engine.swap import Proposal
+from engine.weights import (DEFAULT_WEIGHTS, Candidate, NetworkBuilder, planned_cpu_provider, resolve_weights,
+                            weights_path, without_file_name)
 
 __all__ = ["NetworkManager"]
 
@@ -87,9 +92,12 @@ class NetworkManager:
         self._weights = weights
         self.path = weights_path(weights)
         self._log = log if log is not None else _logger.warning
+        self._loader = loader
         self._builder = NetworkBuilder(loader, backend=backend, device_id=device_id, threads=threads,
                                        options=network_options, log=self._log)
-        self._swap = NetworkSwap(self._load_first, self._builder.build, self._log, fallback=fallback)
+        self._settings = self._effective(self.path, backend, device_id, threads, network_options)
+        self._reloads = 0
+        self._swap = NetworkSwap(self._load_first, self._build, self._log, fallback=fallback)
         self._watch = watch
         self._poll = float(poll_interval)
         self._baseline: Optional[tuple] = None
@@ -105,6 +113,9 @@ class NetworkManager:
             self.set_endpoint(endpoint)
 
     # ------------------------------------------------------------------ the network in use
+
+    def _build(self, *args, **kwargs) -> Candidate:
+        return self._builder.build(*args, **kwargs)    # the builder of the settings in force
 
     def _load_first(self) -> Candidate:
         self._baseline = signature_of(self.path)  # a change while loading is seen by the watcher
@@ -130,6 +141,71 @@ class NetworkManager:
                                                       baseline=self._baseline or signature_of(self.path),
                                                       poll_interval=self._poll)
         return network
+
+    # ------------------------------------------------------------------ settings
+
+    @staticmethod
+    def _effective(path: str, backend: str, device_id: int, threads: Optional[int],
+                   network_options: Optional[dict]) -> tuple:
+        """What a network built with these settings depends on: on a CPU provider known before a
+        load, neither the ``Backend`` that names it (``auto`` and ``openvino`` land on the same
+        one on a CPU machine) nor the GPU number."""
+        options = tuple(sorted((network_options or {}).items()))
+        provider = planned_cpu_provider(backend)
+        if provider is not None:
+            return path, provider, None, threads or None, options
+        return path, backend, device_id, threads or None, options
+
+    def reconfigure(self, weights: str | os.PathLike | None, *, backend: str, device_id: int = 0,
+                    threads: Optional[int] = None, network_options: Optional[dict] = None) -> bool:
+        """Build networks with these settings from now on; returns whether a reload started.
+
+        Nothing is reloaded when the network would come out the same (``GPU`` on a CPU, ``auto``
+        for the provider it already is). Otherwise the network in use (a trainer's generation
+        stays that generation) or, for a new ``WeightsFile``, that file is built again on the
+        loader thread while the network in use goes on playing; it is switched to between
+        searches (:meth:`apply_pending`) and :meth:`wait_reloaded` waits for it. A reload that
+        fails is said and the network in use stays. Before the first load, the first
+        :meth:`get` simply uses the new settings.
+        """
+        path = weights_path(weights)
+        settings = self._effective(path, backend, device_id, threads, network_options)
+        with self._lock:
+            if self._swap.closed:
+                raise RuntimeError("the network manager is closed")
+            if settings == self._settings:
+                return False
+            self._settings = settings
+            self._builder = NetworkBuilder(self._loader, backend=backend, device_id=device_id, threads=threads,
+                                           options=network_options, log=self._log)
+            old_watcher = None
+            new_file = path != self.path
+            if new_file:
+                self._weights, self.path = weights, path
+                self._baseline = signature_of(path)
+                old_watcher, self.watcher = self.watcher, None   # the next get() watches the new file
+            self._reloads += 1
+            key = ("reload", self._reloads)
+        if old_watcher is not None:
+            old_watcher.close()
+        current = self._swap.current
+        if current is None:
+            return False
+        if not new_file and current.generation is not None and current.source:
+            load = lambda: self._builder.build(current.source, current.sha256, generation=current.generation,  # noqa: E731
+                                               run=current.run, reported_path=current.path)
+        else:
+            load = self._load_first
+        return self._swap.propose(Proposal(self.path, None, key, load=load,
+                                           failed=lambda reason: f"{reason}; keeping network {current.label()}"))
+
+    def reloading(self) -> bool:
+        """Whether a reload for new settings is waiting or being built."""
+        return self._swap.reloading()
+
+    def wait_reloaded(self, timeout: Optional[float] = None) -> bool:
+        """Block until the reload for the newest settings is built (then pending) or refused."""
+        return self._swap.wait_reloaded(timeout)
 
     def apply_pending(self, clear_cache: Optional[Callable[[], object]] = None) -> bool:
         """Install the verified candidate, if any; call between searches only (see :class:`NetworkSwap`)."""

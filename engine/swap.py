@@ -36,6 +36,12 @@ class Proposal:
     on the loader thread.  ``superseded()``, when given, is asked after a
     failure: true means the source changed meanwhile and will propose again,
     so the failure is not a refusal (a file still being written).
+
+    A *reload* (``load``, a zero-argument builder of the candidate) is the network
+    in use built again with new settings (UCI ``Backend``, ``Threads``...): it
+    runs on the loader like any proposal, is never displaced from the queue by a
+    watcher's proposal (the watcher proposes again; the reload reads the file as
+    it is then), and its failure is said with ``failed(reason)``.
     """
 
     path: str
@@ -45,6 +51,8 @@ class Proposal:
     run: Optional[str] = None
     fetch: Optional[Callable[[threading.Event], str]] = None
     superseded: Optional[Callable[[], bool]] = None
+    load: Optional[Callable[[], Candidate]] = None
+    failed: Optional[Callable[[str], str]] = None
 
 
 class NetworkSwap:
@@ -178,17 +186,21 @@ class NetworkSwap:
 
         Not queued: the same proposal was refused before, its network is in
         use, pending or loading (by sha256), or, for a daemon's generation, a
-        generation at least as new is.
+        generation at least as new is, or a reload is waiting. A reload replaces
+        whatever waits.
         """
         with self._cond:
             if self.closed or proposal.key in self._refused:
                 return False
-            if proposal.generation is not None:
-                newest = self.newest_generation()
-                if newest is not None and proposal.generation <= newest:
+            if proposal.load is None:
+                if self._next is not None and self._next.load is not None:
+                    return False    # a reload waits: it builds what is in use, with the new settings
+                if proposal.generation is not None:
+                    newest = self.newest_generation()
+                    if newest is not None and proposal.generation <= newest:
+                        return False
+                elif proposal.sha256 is not None and self.knows(proposal.sha256):
                     return False
-            elif proposal.sha256 is not None and self.knows(proposal.sha256):
-                return False
             self._next = proposal
             if self.loader_thread is None:
                 self.loader_thread = threading.Thread(target=self._load_loop, name="cyzero-weights-load",
@@ -214,6 +226,23 @@ class NetworkSwap:
                 if slot is not None and slot.generation is not None
             ]
         return max(generations, default=None)
+
+    def reloading(self) -> bool:
+        """Whether a reload (:class:`Proposal` ``load``) is waiting or being built."""
+        with self._lock:
+            return any(slot is not None and slot.load is not None for slot in (self._next, self._loading))
+
+    def wait_reloaded(self, timeout: Optional[float] = None) -> bool:
+        """Block until no reload is waiting or being built (or ``timeout`` passes); returns whether
+        none is. What a reload built is then pending, or it was refused and said so."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self.reloading() and not self.closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
     def was_refused(self, key: tuple) -> bool:
         with self._lock:
@@ -243,10 +272,14 @@ class NetworkSwap:
             except Exception as e:  # noqa: BLE001 - the loader thread must survive anything
                 self._say(f"error while loading network {proposal.path}: {type(e).__name__}: {e}")
             finally:
-                with self._lock:
+                with self._cond:
                     self._loading = None
+                    self._cond.notify_all()    # wait_reloaded
 
     def _process(self, p: Proposal) -> None:
+        if p.load is not None:
+            self._reload(p)
+            return
         with self._lock:
             have = next(
                 (s for s in (self._current, self._pending) if s is not None and s.sha256 == p.sha256), None
@@ -272,6 +305,25 @@ class NetworkSwap:
             reason = without_file_name(without_file_name(reason, local), p.path)
             self._say(f"refused network {p.path}{what}: {reason}{self.keeping()}")
             return
+        if self._offer(candidate):
+            self._say(f"new network {candidate.label()} verified; switching before the next search")
+
+    def _reload(self, p: Proposal) -> None:
+        """Build a reload; said only when it fails (the switch says which network it is)."""
+        try:
+            candidate = p.load()
+        except Exception as e:  # noqa: BLE001 - NetworkError, or anything ONNX Runtime raises
+            if self.closed:
+                return
+            reason = str(e) if isinstance(e, (NetworkError, ValueError, OSError)) else f"{type(e).__name__}: {e}"
+            self.refuse(p.key)
+            self._say(p.failed(reason) if p.failed is not None else f"refused network {p.path}: {reason}"
+                      f"{self.keeping()}")
+            return
+        self._offer(candidate)
+
+    def _offer(self, candidate: Candidate) -> bool:
+        """Make ``candidate`` the pending network (dropping an older pending one); False once closed."""
         replaced: Optional[Candidate]
         with self._cond:
             if self.closed:
@@ -281,8 +333,7 @@ class NetworkSwap:
                 self._cond.notify_all()
         if replaced is not None:
             close_quietly(replaced.network)  # never handed out
-        if replaced is not candidate:
-            self._say(f"new network {candidate.label()} verified; switching before the next search")
+        return replaced is not candidate
 
     # ------------------------------------------------------------------ closing
 

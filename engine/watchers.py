@@ -195,13 +195,13 @@ def validate_endpoint(endpoint: str, what: str = "TrainerEndpoint") -> str:
     """Check an endpoint to connect to; returns it normalised (scheme in lower case).
 
     Accepted: ``tcp://HOST:PORT`` (a host name, an IPv4 address or ``[IPv6]``,
-    and a port 1-65535; not a bind address such as ``tcp://*:5557``),
+    and a port 1-65535; not a bind address such as ``tcp://*:5781``),
     ``ipc://PATH`` and ``inproc://NAME``.  Raises :class:`WeightsError`.
     """
     if not isinstance(endpoint, str):
         raise WeightsError(f"{what} must be a string, got {type(endpoint).__name__}")
     text = endpoint.strip()
-    usage = "expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5557), ipc://PATH or inproc://NAME"
+    usage = "expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5781, the training daemon's default), ipc://PATH or inproc://NAME"
     scheme, sep, rest = text.partition("://")
     scheme = scheme.lower()
     if not sep or scheme not in ("tcp", "ipc", "inproc"):

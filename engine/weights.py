@@ -195,6 +195,7 @@ class Candidate:
     path: str
     generation: Optional[int] = None
     run: Optional[str] = None
+    source: Optional[str] = None    # the local file it was built from (a reload builds it again)
 
     def label(self, long: bool = False) -> str:
         """``long``: the network's own description (provider, size); otherwise name and sha256."""
@@ -284,7 +285,7 @@ class NetworkBuilder:
         sha = getattr(network, "sha256", None) or expected_sha256
         if not sha:
             sha = sha256_file(path) or ""  # (not cancellable here: never None)
-        return Candidate(network, sha, reported_path or path, generation, run)
+        return Candidate(network, sha, reported_path or path, generation, run, source=path)
 
     def load_weights_file(self, path: str) -> Candidate:
         """The first load of a ``WeightsFile``: held to its ``.sha256`` side file when there is one.

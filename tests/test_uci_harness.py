@@ -129,12 +129,12 @@ class UciEngine:
     """The cyzero process on pipes; ``lines`` is every stdout line as (monotonic time, text)."""
 
     def __init__(self, options: Optional[dict] = None, ready: bool = True, cwd: str = REPO,
-                 env: Optional[dict] = None) -> None:
+                 env: Optional[dict] = None, command: Optional[list[str]] = None) -> None:
         self.started = time.monotonic()
         full_env = dict(os.environ)
         full_env.pop("CUDA_VISIBLE_DEVICES", None)
         full_env.update(env or {})
-        self.proc = subprocess.Popen(engine_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(command or engine_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, cwd=cwd, env=full_env, bufsize=0)
         self.lines: list[tuple[float, str]] = []
         self.bad: list[str] = []
