@@ -176,6 +176,55 @@ cdef inline float _m_utility(const Params* prm, float parent_m, const Node* c, f
                 + prm.moves_left_quadratic_factor * q * q)
 
 
+# MultiPV N > 1: the N best root moves share at least this part of the root's visits, each an
+# equal part (docs/engine.md, "MultiPV").
+cdef float MULTIPV_SHARE = 0.5
+
+
+cdef int _multipv_edge(TreeCore* t, uint32_t ni) noexcept nogil:
+    """MultiPV N > 1, at the root: the edge of one of the N best moves (visits, then prior, as the
+    lines are ranked) that has fewer than MULTIPV_SHARE / N of the root's visits, the furthest
+    below first; -1 when every line has its share. A line's score is then its own subtree's, not
+    an unvisited move shown with the root's value."""
+    cdef Node* node = &t.nodes[ni]
+    cdef int lines = t.params.multipv
+    cdef float floor = MULTIPV_SHARE * <float>(node.n - 1 if node.n > 0 else 0) / lines
+    cdef uint32_t n_of[256]
+    cdef uint32_t busy[256]
+    cdef uint16_t prior[256]
+    cdef int edge_of[256]
+    cdef int count = 0, i, j, ahead, best = -1
+    cdef float deficit, most = 0.0
+    cdef uint32_t ci = node.child
+    cdef Edge* edges = &t.edges[node.edges]
+    for i in range(node.num_edges):
+        n_of[count] = 0
+        busy[count] = 0
+        if ci and t.nodes[ci].edge_idx == i:
+            n_of[count] = t.nodes[ci].n
+            busy[count] = t.nodes[ci].n_in_flight
+            ci = t.nodes[ci].sibling
+        if t.root_filter != NULL and not _in_filter(t, edges[i].move):
+            continue
+        prior[count] = edges[i].prior
+        edge_of[count] = i
+        count += 1
+    for i in range(count):
+        deficit = floor - <float>(n_of[i] + busy[i])
+        if deficit <= most:
+            continue
+        ahead = 0    # moves ranked before this one: more visits, or as many and a higher prior
+        for j in range(count):
+            if n_of[j] > n_of[i] or (n_of[j] == n_of[i] and (prior[j] > prior[i] or (prior[j] == prior[i] and j < i))):
+                ahead += 1
+                if ahead >= lines:
+                    break
+        if ahead < lines:
+            most = deficit
+            best = edge_of[i]
+    return best
+
+
 cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
     """Index of the edge to explore from node ``ni`` (PUCT with FPU reduction), -1 if none allowed.
 
@@ -197,6 +246,10 @@ cdef int _select(TreeCore* t, uint32_t ni, bint root) noexcept nogil:
     cdef bint moves_left = prm.moves_left_max_effect > 0 and node.n > 0 \
         and fabsf(node.wl) > prm.moves_left_threshold
     cdef float parent_m = _m_value(node)
+    if root and prm.multipv > 1:
+        i = _multipv_edge(t, ni)
+        if i >= 0:
+            return i
     for i in range(node.num_edges):
         p = edges[i].prior * (1.0 / 65535.0)
         if ci and t.nodes[ci].edge_idx == i:
@@ -1356,6 +1409,7 @@ cdef int _set_param(Params* p, str name, object value) except -1:
     elif name == "moves_left_constant_factor": p.moves_left_constant_factor = value
     elif name == "moves_left_scaled_factor": p.moves_left_scaled_factor = value
     elif name == "moves_left_quadratic_factor": p.moves_left_quadratic_factor = value
+    elif name == "multipv": p.multipv = value
     else:
         raise AssertionError(f"the tree has no field for the search parameter {name!r}")
     return 0
@@ -1371,7 +1425,7 @@ cdef dict _params_dict(const Params* p):
                 moves_left_threshold=p.moves_left_threshold, moves_left_slope=p.moves_left_slope,
                 moves_left_constant_factor=p.moves_left_constant_factor,
                 moves_left_scaled_factor=p.moves_left_scaled_factor,
-                moves_left_quadratic_factor=p.moves_left_quadratic_factor)
+                moves_left_quadratic_factor=p.moves_left_quadratic_factor, multipv=p.multipv)
 
 
 cdef int _copy_subtree(TreeCore* src, uint32_t s, TreeCore* dst, uint32_t d) noexcept nogil:

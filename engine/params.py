@@ -128,7 +128,9 @@ class SearchParams:
                                  "its own batch at the network (ONNX Runtime's own threads are Threads); "
                                  "more than 1 was no faster on the CPU or the GPU stand-in, and a fixed-node "
                                  "search no longer repeats", "SearchThreads")
-    multipv: int = _param(1, 1, 500, "lines", "root moves reported in each info", "MultiPV")
+    multipv: int = _param(1, 1, 500, "lines", "root moves reported in each info; above 1, each of the best "
+                          "N moves gets at least a 2N-th of the root's visits, so that every line is searched, "
+                          "and smart pruning is off", "MultiPV", tree=True)
     smart_pruning_factor: float = _param(1.33, 0.0, 10.0, "",
                                          "stop early when no other move can catch the best one at this "
                                          "speed-up (0: off)", "SmartPruningFactor")

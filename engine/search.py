@@ -56,6 +56,10 @@ CPU_MINIBATCH = 8
 # stop: how long the best move waits for the tree lock (held by the search thread while it
 # gathers or backs up a batch, about 0.1 ms) before it is taken from the last info report instead.
 STOP_TREE_WAIT_S = 0.0003
+# A hard deadline that comes before the search's first evaluation is back waits for it this long at
+# most, looking every FIRST_EVALUATION_POLL_S (Searcher._stop_generation).
+FIRST_EVALUATION_GRACE_S = 1.0
+FIRST_EVALUATION_POLL_S = 0.002
 # A search thread with nothing to gather (another's batch holds the leaves) waits at most this
 # long for that backup before it looks again (a stop is seen within this time).
 SHARED_WAIT_S = 0.005
@@ -182,7 +186,7 @@ class MoveSearch:
     """
 
     def __init__(self, tree: Tree, board: Board, go: GoParams, budget: Budget, params: SearchParams,
-                 start: float) -> None:
+                 start: float, analysis: bool = False) -> None:
         self.tree = tree
         self.board = board
         self.go = go
@@ -198,6 +202,9 @@ class MoveSearch:
         self.extending = False          # past the soft target because the best move is unstable
         self.batch = params.minibatch_size or CPU_MINIBATCH   # leaves per batch (search_batch)
         self.pruned_at_ms: Optional[int] = None   # smart pruning ended the search this many ms in
+        # Smart pruning ends a search early once its move is settled: not in analysis, where the
+        # user asked for the whole time and for every MultiPV line's own value.
+        self.prunes = params.smart_pruning_factor > 0 and params.multipv == 1 and not analysis
         self._best: Optional[str] = None
         self._best_since = start        # when the most visited move last changed
 
@@ -268,7 +275,7 @@ class MoveSearch:
         """Smart pruning: no other move can catch the best one before the deadline at this speed."""
         factor = self.params.smart_pruning_factor
         tree = self.tree
-        if factor <= 0 or elapsed_ms < 100 or tree.playouts < 100:
+        if not self.prunes or elapsed_ms < 100 or tree.playouts < 100:
             return False
         nps = tree.playouts / (elapsed_ms / 1000.0)
         remaining = nps * max(0.0, deadline_ms - elapsed_ms) / 1000.0 / factor
@@ -879,6 +886,8 @@ class Searcher:
         self.params = params or SearchParams()
         self.pipeline = pipeline
         self.info_interval_s = 1.0          # at most this long between info reports
+        self.analysis = False               # UCI_AnalyseMode: no smart pruning
+        self.verbose = False                # UCI debug: why a search ended early, where its time went
         self.timeman = timeman or TimeManager()
         self.timeman.move_overhead_ms = self.params.move_overhead_ms
         self.cache = NNCache(self.params.nn_cache_size)
@@ -908,6 +917,7 @@ class Searcher:
         self._drivers: list[Driver] = []
         self._speed = EvalSpeed()            # the network's speed, as all the drivers measure it
         self._snapshot: Optional[tuple[str, Optional[str]]] = None   # (best, ponder) as last reported
+        self._marks: dict[str, float] = {}   # when this go's search reached each step (verbose)
         # Why the network could not be had, the last time it was asked for: a search stopped before
         # it asked (an empty clock's watchdog) says so rather than invent a move.
         self._network_failure: Optional[str] = None
@@ -1023,6 +1033,7 @@ class Searcher:
             generation = self._generation
             self._done = False
             self._snapshot = None
+            self._marks = {}
             self._last_info = None
             self._last_best = None
             self._last_info_at = started
@@ -1034,7 +1045,8 @@ class Searcher:
                 for driver in self._drivers:
                     driver.drop()
                 root_tree(self.tree, board, go)
-                self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started)
+                self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started,
+                                               analysis=self.analysis)
                 self._positioned = generation
             self._arm_watchdog()
         self._thread = threading.Thread(target=self._run, args=(previous, stop, move, generation),
@@ -1087,10 +1099,25 @@ class Searcher:
         finally:
             self._finish(generation)
 
-    def _stop_generation(self, generation: int) -> None:
-        """The watchdog: stop search ``generation`` if it is still the current one."""
+    def _stop_generation(self, generation: int, waited: float = 0.0) -> None:
+        """The watchdog: stop search ``generation`` if it is still the current one.
+
+        At a deadline that came before anything was evaluated (the machine was busy, or a network
+        was being built beside the search), it waits for the search's first evaluation, for at
+        most FIRST_EVALUATION_GRACE_S: stopping then would evaluate the root once more, beside
+        the evaluation already under way, only to play the policy's move unsearched. The search
+        ends itself once that evaluation is backed up, as its time is over.
+        """
         with self._done_lock:
             if generation != self._generation or self._done:
+                return
+            move = self._move
+            if (waited < FIRST_EVALUATION_GRACE_S and move is not None and move.legal and move.error is None
+                    and self._network_failure is None and not self.tree.nodes):
+                self._watchdog = threading.Timer(FIRST_EVALUATION_POLL_S, self._stop_generation,
+                                                 args=(generation, waited + FIRST_EVALUATION_POLL_S))
+                self._watchdog.daemon = True
+                self._watchdog.start()
                 return
             self._stop.set()
         self._finish(generation)
@@ -1110,6 +1137,8 @@ class Searcher:
 
     def _search(self, stop: threading.Event, move: MoveSearch) -> None:
         ponderhit = self._ponderhit
+        marks = self._marks
+        marks["thread started"] = time.monotonic()
         try:
             network = self._network()
         except Exception as exc:
@@ -1117,6 +1146,7 @@ class Searcher:
             return
         self._network_failure = None
         move.network_ready = True
+        marks["network ready"] = time.monotonic()
         if not move.legal:
             # No move to play; still, go infinite / go ponder end only at stop (or ponderhit).
             while move.budget.until_stop and not stop.is_set() and not ponderhit.is_set():
@@ -1186,6 +1216,7 @@ class Searcher:
         happen under ``_report_lock``, which ``_finish`` reports under. (Not ``_done_lock``:
         ``start`` holds that while it waits for the tree lock this thread holds.)
         """
+        self._marks.setdefault("first evaluation back", now)
         best = self.tree.best_move()
         if best != self._last_best or now - self._last_info_at >= self.info_interval_s:
             with self._report_lock:
@@ -1226,12 +1257,8 @@ class Searcher:
                 move = self._move
                 if move is not None and not move.budget.until_stop:
                     self.timeman.record(int((time.monotonic() - move.start) * 1000), move.budget)
-                if move is not None and move.pruned_at_ms is not None and self._go.movetime and result.best:
-                    # A fixed movetime is what an analyst asks for; say why it was not used up (as lc0,
-                    # smart pruning stops once no other move can overtake the best in the time left).
-                    self.log(f"stopped after {move.pruned_at_ms} ms of {self._go.movetime}: no other move "
-                             f"can overtake {result.best} in the time left; setoption name "
-                             "SmartPruningFactor value 0 searches the whole time")
+                if self.verbose and move is not None:
+                    self._say_how_it_went(move, result)
                 with self._report_lock:
                     if result.info is not None and not result.info.same_search_state(self._last_info):
                         self._on_info(result.info)
@@ -1243,6 +1270,19 @@ class Searcher:
                     self._on_best(self._last_resort())
 
     # -- reports -------------------------------------------------------------
+
+    def _say_how_it_went(self, move: MoveSearch, result: SearchResult) -> None:
+        """UCI ``debug on``: when each step of the search came after the ``go`` (a short search
+        that plays an unsearched move shows where its time went), and why it ended early."""
+        steps = ", ".join(f"{name} {int((at - self._go_start) * 1000)} ms"
+                          for name, at in sorted(self._marks.items(), key=lambda item: item[1]))
+        self.log(f"search: {steps or 'never started'}; {self.tree.nodes} nodes in "
+                 f"{int((time.monotonic() - self._go_start) * 1000)} ms")
+        if move.pruned_at_ms is not None and self._go.movetime and result.best:
+            # As lc0, smart pruning stops once no other move can overtake the best in the time left.
+            self.log(f"stopped after {move.pruned_at_ms} ms of {self._go.movetime}: no other move "
+                     f"can overtake {result.best} in the time left; setoption name "
+                     "SmartPruningFactor value 0 searches the whole time")
 
     def _result(self) -> SearchResult:
         move = self._move
@@ -1350,9 +1390,13 @@ class Searcher:
             children = [c for c in children if c["move"] in self._go.searchmoves] or children
         if first is not None:
             children = sorted(children, key=lambda c: c["move"] != first)  # stable: the rest keep their order
-        # MultiPV N reports N lines, as a GUI expects: a move the search has not visited yet
-        # gets the root's own value and a one-move pv (lc0 reports its unvisited edges too).
-        for rank, child in enumerate(children[: max(1, self.params.multipv)], start=1):
+        # Each line's score is its own move's, from its own subtree: a move without a value of its
+        # own (not visited yet) is no line, except the first, the move to play, which before any
+        # visit (go nodes 1) has the root's value, the value of playing it. MultiPV above 1 gives
+        # every one of the best N moves its share of the visits (the tree's _multipv_edge), so
+        # that N lines are there after the first few batches.
+        valued = [c for i, c in enumerate(children) if i == 0 or c["q"] is not None]
+        for rank, child in enumerate(valued[: max(1, self.params.multipv)], start=1):
             q = child["q"] if child["q"] is not None else tree.root_q[0]
             d = child["d"] if child["d"] is not None else tree.root_q[1]
             mate = None

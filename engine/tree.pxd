@@ -41,6 +41,7 @@ cdef struct Params:
     float moves_left_constant_factor
     float moves_left_scaled_factor
     float moves_left_quadratic_factor
+    int multipv                   # > 1: each of the best multipv root moves gets its share of visits
 
 cdef struct CacheEntry:
     uint64_t key

@@ -112,10 +112,14 @@ def _check_the_install(site: str, tmp_path) -> None:
     where = _from_the_wheel(site, tmp_path, "-c", "import engine, uci, trainer, engine.board; "
                             "print(engine.__file__, uci.__file__, trainer.__file__, engine.board.__file__)")
     assert all(path.startswith(site) for path in where.stdout.split()), (site, where.stdout)
-    # The engine, as a GUI starts it: the bundled network for the CPU.
+    # The engine, as a GUI starts it: the bundled network in the variant for this machine's CPU
+    # runtime (int8, or the fp32 file OpenVINO runs in bf16 on a processor with AMX).
+    from engine.weights import bundled_variant_path, default_weights_path, planned_cpu_provider
+
+    variant = os.path.basename(bundled_variant_path(planned_cpu_provider("auto")) or default_weights_path())
     uci = _from_the_wheel(site, tmp_path, "-m", "uci", stdin="uci\nisready\nposition startpos\ngo nodes 5\n")
     lines = uci.stdout.splitlines()
-    assert any(line.startswith("info string loaded network default.int8.onnx") for line in lines), lines
+    assert any(line.startswith(f"info string loaded network {variant} ") for line in lines), lines
     assert lines[-1].startswith("bestmove ") and not [line for line in lines if "error" in line], lines
     # Every bundled network, the openings, the mate positions and the training configs.
     files = _from_the_wheel(site, tmp_path, "-c", """if True:

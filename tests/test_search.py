@@ -6,6 +6,7 @@ and everything else is counted (nodes, network calls, bestmoves). Timeouts are
 only there so that a broken search fails instead of hanging.
 """
 
+import re
 import threading
 import time
 
@@ -312,22 +313,102 @@ def test_depth_after_a_long_search_searches_to_that_depth_afresh():
 
 
 @pytest.mark.parametrize("factor", [1.33, 0.0])
-def test_movetime_cut_short_by_smart_pruning_says_so(factor):
+@pytest.mark.parametrize("verbose", [True, False])
+def test_movetime_cut_short_by_smart_pruning_says_so_under_debug(factor, verbose):
     """go movetime stops early (as lc0) once no other move can overtake the best one in the
-    time left, and says why in one info string, with how to search the whole time."""
+    time left; under UCI ``debug on`` (``verbose``) it says why in one info string, with how to
+    search the whole time, and otherwise says nothing (it came on nearly every move of a game)."""
     logged = []
     s = Searcher(lambda: PeakedNetwork("e2e4", delay=0.002),
                  SearchParams(minibatch_size=8, move_overhead_ms=0, smart_pruning_factor=factor))
     s.log = logged.append
+    s.verbose = verbose
     rec = run(s, Board(), GoParams(movetime=800))
     assert rec.results[0].best == "e2e4"
     notes = [line for line in logged if "SmartPruningFactor value 0" in line]
-    if factor:
+    if factor and verbose:
         assert len(notes) == 1 and notes[0].startswith("stopped after ")
         assert "of 800: no other move can overtake e2e4" in notes[0]
         assert int(notes[0].split()[2]) < 800
     else:
         assert notes == []
+    if factor:
+        assert rec.results[0].info.time_ms < 790     # pruned, said or not
+    steps = [line for line in logged if line.startswith("search: ")]
+    assert len(steps) == (1 if verbose else 0), logged
+    if verbose:   # where the time went: each step after the go, in order
+        assert re.match(r"search: thread started \d+ ms, network ready \d+ ms, first evaluation back "
+                        r"\d+ ms; \d+ nodes in \d+ ms$", steps[0]), steps
+
+
+def test_a_deadline_before_the_first_evaluation_waits_for_it_rather_than_evaluate_again():
+    """A machine busy enough that the first evaluation is not back by the hard deadline (145 ms of
+    a go movetime 200 after Move Overhead; the issue saw 0 nodes): the watchdog used to stop
+    there and evaluate the root a second time, beside the first, to play the policy's move with
+    "stopped before the search began". Now it waits for the evaluation under way (for at most a
+    second) and the move comes from the search's own backed-up root."""
+    logged = []
+    net = FakeNetwork(delay=0.3)
+    s = Searcher(lambda: net, SearchParams(minibatch_size=8, move_overhead_ms=0))
+    s.log = logged.append
+    rec = run(s, Board(), GoParams(movetime=100))
+    result = rec.results[0]
+    assert result.best in Board().legal_moves() and result.nodes >= 1, result
+    assert not [line for line in logged if "not searched" in line], logged
+    assert net.calls == 1          # the root once, not once more beside it
+
+
+@pytest.mark.parametrize("how", ["multipv", "analysis"])
+def test_analysis_searches_the_whole_movetime(how):
+    """With MultiPV above 1 or UCI_AnalyseMode smart pruning is off: analyse(Limit(time=2),
+    multipv=3) stopped at 0.84 s. The search that would have been pruned runs its time out."""
+    s = Searcher(lambda: PeakedNetwork("e2e4", delay=0.002),
+                 SearchParams(minibatch_size=8, move_overhead_ms=0, multipv=3 if how == "multipv" else 1))
+    s.analysis = how == "analysis"
+    rec = run(s, Board(), GoParams(movetime=800))
+    assert rec.results[0].best == "e2e4"
+    assert rec.results[0].info.time_ms >= 790, rec.results[0].info
+
+
+class MoveValueNetwork(PeakedNetwork):
+    """All the policy on ``favourite`` and a value that differs from move to move: each position's
+    W - L (for the side to move) is a hash of its planes, so that every line has its own score."""
+
+    def evaluate(self, planes):
+        policy, _, mlh = super().evaluate(planes)
+        flat = planes.reshape(len(planes), -1)
+        q = np.sin(flat @ np.arange(flat.shape[1], dtype=np.float32) * 0.001) * 0.6
+        wdl = np.stack([(1 - 0.3 + q) / 2, np.full_like(q, 0.3), (1 - 0.3 - q) / 2], axis=1).astype(np.float32)
+        return policy, wdl, mlh
+
+
+@pytest.mark.parametrize("multipv", [2, 3, 5])
+def test_each_multipv_line_is_searched_and_scored_by_its_own_move(multipv):
+    """The issue's case: at 4,000 nodes lines 2 and 3 were unvisited moves shown with the best
+    line's score. Now each of the MultiPV lines has at least its share of the visits, its score
+    is its own subtree's (the tree's Q for that move), the lines are ranked by visits, then Q, as
+    lc0 ranks them, and no two lines show a score that belongs to the other."""
+    s = Searcher(lambda: MoveValueNetwork("e2e4"), SearchParams(minibatch_size=8, multipv=multipv))
+    rec = run(s, Board(), GoParams(nodes=4000))
+    lines = rec.results[0].info.lines
+    assert [line.multipv for line in lines] == list(range(1, multipv + 1))
+    assert lines[0].move == "e2e4"
+    own = {c["move"]: c for c in s.tree.root_children()}
+    for line in lines:
+        assert line.visits >= 0.9 * 0.5 * 4000 / multipv, (line.move, line.visits)
+        assert line.q == pytest.approx(own[line.move]["q"]) and line.visits == own[line.move]["n"]
+        assert len(line.pv) > 1
+    assert [(line.visits, line.q) for line in lines] == sorted(((line.visits, line.q) for line in lines),
+                                                               reverse=True)
+    assert len({line.cp for line in lines}) > 1        # scores of their own, not one score copied
+
+
+def test_without_multipv_the_search_is_not_spread():
+    """MultiPV 1 plays as before: the peaked policy's move takes nearly every visit."""
+    s = Searcher(lambda: MoveValueNetwork("e2e4"), SearchParams(minibatch_size=8))
+    run(s, Board(), GoParams(nodes=2000))
+    visits = {c["move"]: c["n"] for c in s.tree.root_children()}
+    assert visits["e2e4"] > 0.95 * sum(visits.values())
 
 
 def test_multipv_reports_distinct_legal_lines():
@@ -342,17 +423,19 @@ def test_multipv_reports_distinct_legal_lines():
             board.push_uci(move)  # raises if the PV is not legal from the root
 
 
-def test_an_unvisited_line_reports_the_root_value_for_the_side_to_move():
-    """Before a root move is visited its line shows the root's own value, from the side to move:
-    a lost position reads as lost (a forced move played at once once read +125 pawns)."""
+def test_before_any_visit_only_the_move_to_play_has_a_line_with_the_roots_value():
+    """Before a root move is visited, only the move to play has a line (go nodes 1, as Maia is
+    played): the root's own value, from the side to move: a lost position reads as lost (a forced
+    move played at once once read +125 pawns). The other MultiPV lines are not there: a move
+    without a value of its own never shows another's score."""
     s = Searcher(lambda: FakeNetwork(wdl=(0.1, 0.1, 0.8)), SearchParams(minibatch_size=1, multipv=3))
     for board in (Board(), Board("5q1K/1k6/8/p7/6r1/8/8/8 w - - 2 66")):  # the second: one legal move
         rec = run(s, board, GoParams(nodes=1))
         final = rec.results[0].info
-        assert final.lines and all(line.visits == 0 for line in final.lines)
-        for line in final.lines:
-            assert line.q == pytest.approx(0.1 - 0.8)
-            assert line.cp < 0 and line.wdl[2] > line.wdl[0]
+        assert len(final.lines) == 1 and final.lines[0].visits == 0
+        assert final.lines[0].move == rec.results[0].best
+        assert final.lines[0].q == pytest.approx(0.1 - 0.8)
+        assert final.lines[0].cp < 0 and final.lines[0].wdl[2] > final.lines[0].wdl[0]
 
 
 def test_info_fields_are_sane(searcher):

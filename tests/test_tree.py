@@ -1134,7 +1134,7 @@ def test_configure_sets_every_tree_setting():
     changed = {}
     for name, value in defaults.items():
         row = SearchParams.row(name)
-        changed[name] = (not value) if row.type is bool else row.check((value + row.max) / 2)
+        changed[name] = (not value) if row.type is bool else row.check(row.type((value + row.max) / 2))
     assert all(changed[k] != defaults[k] for k in defaults)
     tree.configure(**changed)
     assert tree.settings() == {k: np.float32(v) if not isinstance(v, bool) else v for k, v in changed.items()}

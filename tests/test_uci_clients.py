@@ -26,6 +26,7 @@ import random
 import re
 import shutil
 import struct
+import sys
 import time
 
 import chess
@@ -119,6 +120,36 @@ def test_python_chess_multipv_beyond_the_legal_moves(popen):
         check_info_pv(board, info)
 
 
+def test_python_chess_multipv_lines_are_searched_and_analysis_uses_its_time(popen):
+    """The issue's analysis: at 4,000 nodes lines 2 and 3 were unvisited moves with the best
+    line's score and a one-move pv, and analyse(Limit(time=2), multipv=3) stopped at 0.84 s. Now
+    each line is searched (a pv of its own beyond its first move, a score of its own) and an
+    analysis with MultiPV or UCI_AnalyseMode (python-chess sets it) searches its whole time."""
+    engine = popen()
+    for board in (chess.Board(), chess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")):
+        result = engine.analyse(board, chess.engine.Limit(nodes=1500), multipv=3)
+        assert [info["multipv"] for info in result] == [1, 2, 3]
+        assert all(len(info["pv"]) > 1 for info in result), [info["pv"] for info in result]
+        assert len({info["score"].relative.score(mate_score=100000) for info in result}) > 1, result
+    result = engine.analyse(chess.Board(), chess.engine.Limit(time=1.0), multipv=3)
+    assert result[0]["time"] >= 0.9, result[0]       # 1 s less Move Overhead and the safety margin
+    result = engine.analyse(chess.Board(), chess.engine.Limit(time=1.0))   # UCI_AnalyseMode alone
+    assert result["time"] >= 0.9, result
+
+
+def test_python_chess_reads_the_weights_file_default_back(popen):
+    """WeightsFile's default was `<default>`, which python-chess's option parser reads as '>' (it
+    splits on the word default): sent back, a path '>' that does not exist. It is `<empty>` now,
+    as Stockfish declares its empty strings, and the value python-chess reads loads the bundled
+    network when sent back."""
+    engine = popen()
+    default = engine.options["WeightsFile"].default
+    assert default in ("", "<empty>"), default
+    engine.configure({"WeightsFile": "x"})
+    engine.configure({"WeightsFile": default})
+    assert engine.play(chess.Board(), chess.engine.Limit(nodes=20)).move in chess.Board().legal_moves
+
+
 MIDDLEGAME_FEN = "r1bq1rk1/pp2bppp/2n1pn2/2pp4/3P4/2PBPN2/PP1N1PPP/R1BQ1RK1 w - - 0 8"
 
 
@@ -155,6 +186,84 @@ def test_python_chess_play_with_clocks(popen):
     limit = chess.engine.Limit(white_clock=0.01, black_clock=0.01, white_inc=0, black_inc=0)
     board = chess.Board(MIDDLEGAME_FEN)
     assert engine.play(board, limit, game="flag game").move in board.legal_moves
+
+
+SLOW_ENGINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_network_engine.py")
+# What a GUI user changes between moves: each of these reloads the network (or, GPU on a CPU
+# engine, needs nothing reloaded) while the game goes on.
+OPTION_CYCLE = [("Backend", "auto"), ("Threads", 1), ("GPU", 1), ("Backend", "cpu"), ("Threads", 2),
+                ("Backend", "openvino"), ("GPU", 0), ("Threads", 1)]
+
+
+@pytest.mark.parametrize("stand_in", [None, "--eval-ms 50 --load-ms 3000"], ids=["real", "slow-stand-in"])
+def test_python_chess_option_changes_between_timed_moves_never_forfeit(caplog, stand_in):
+    """The issue's session: engine.configure over Backend, Threads and GPU between moves, each move
+    engine.play(Limit(time=0.3)). Around the 12th move the engine answered `no network loaded: the
+    network manager is closed` and bestmove 0000 (a forfeit), and each change cost the next move
+    its reload time (an unsearched move). Now a change starts its reload at once, in the
+    background, and the network in use plays on until the new one is built: 30 moves, each one
+    searched (no "not searched" warning: at the least the search's own root evaluation, where
+    the machine is so busy, a parallel test suite beside the reloads, that nothing more came
+    back in time), none 0000. The slow stand-in takes 3 s to load a network (lc0 files, a big
+    network, a GPU's first load) and 50 ms a call."""
+    caplog.set_level(logging.DEBUG, logger="chess.engine")
+    command = engine_command() if stand_in is None else [sys.executable, SLOW_ENGINE, *stand_in.split()]
+    engine = chess.engine.SimpleEngine.popen_uci(command, cwd=REPO, timeout=120)
+    try:
+        board = chess.Board()
+        for move_number in range(30):
+            name, value = OPTION_CYCLE[move_number % len(OPTION_CYCLE)]
+            engine.configure({name: value})
+            result = engine.play(board, chess.engine.Limit(time=0.3), info=chess.engine.INFO_ALL,
+                                 game="option cycling")
+            assert result.move is not None and result.move in board.legal_moves, (move_number, result)
+            assert result.info.get("nodes", 0) >= 1, (move_number, name, value, result.info)
+            board.push(result.move)
+            if board.is_game_over():
+                board = chess.Board()
+    finally:
+        engine.quit()
+    said = [m.split(": >> ", 1)[1] for m in (r.getMessage() for r in caplog.records) if ": >> " in m]
+    assert not [line for line in said if line.startswith("bestmove 0000") or "not searched" in line
+                or "error" in line], [line for line in said if "string" in line or "0000" in line]
+    assert any("switched to network" in line for line in said)     # the changes were applied
+    assert not [r.getMessage() for r in caplog.records
+                if r.name.startswith("chess.engine") and r.levelno >= logging.WARNING]
+
+
+def test_isready_after_an_option_change_waits_for_the_reload_and_the_next_go_searches_at_once():
+    """setoption starts the reload; isready answers once it is built, so that the go after readyok
+    searches with the new network from its first batch (UCI's intent for isready). A change that
+    builds the same network (GPU on a CPU engine, auto for the provider it already is) reloads
+    nothing."""
+    with UciEngine(command=[sys.executable, SLOW_ENGINE, "--eval-ms", "0", "--load-ms", "1500"]) as eng:
+        eng.send("position startpos")
+        for name, value, reloads in [("Threads", 2, True), ("GPU", 1, False), ("Backend", "cpu", False),
+                                     ("Threads", 1, True)]:
+            eng.setoption(name, value)
+            said = eng.isready(timeout=60)
+            switched = [line for line in said if "switched to network" in line]
+            assert len(switched) == (1 if reloads else 0), (name, value, said)
+            lines, best = eng.go("movetime 300")
+            assert not [line for line in lines if "still loading" in line or "not searched" in line], lines
+            assert max(parse_info(line)["nodes"] for line in lines if line.startswith("info depth")) > 1, lines
+
+
+def test_a_short_search_on_a_slow_network_always_searches():
+    """A budget larger than one network evaluation always searches: on a network that takes 50 ms
+    a call, go movetime 200 (145 ms after the default Move Overhead and the safety margin) reports
+    more than one node, the first go after isready and after position commands that reuse or
+    drop the tree alike (the issue's session: 0 nodes after `position startpos moves e2e4 e7e5`
+    and after `position startpos`)."""
+    with UciEngine(command=[sys.executable, SLOW_ENGINE, "--eval-ms", "50"]) as eng:
+        eng.send("debug on")          # where each search's time went, for the failure message
+        for position, movetime in [("startpos", 200), ("startpos moves e2e4 e7e5", 200), ("startpos", 500),
+                                   ("startpos moves e2e4 e7e5", 200), ("startpos moves d2d4", 200)]:
+            eng.send(f"position {position}")
+            lines, best = eng.go(f"movetime {movetime}")
+            nodes = max([parse_info(line)["nodes"] for line in lines if line.startswith("info depth")] or [0])
+            assert nodes > 1 and not [line for line in lines if "not searched" in line], lines
+            assert best != "bestmove 0000", lines
 
 
 def test_python_chess_pondering_with_hits_and_misses(popen, caplog):

@@ -14,7 +14,10 @@ from typing import Any, Optional
 
 from engine.params import Param, SearchParams
 
-DEFAULT_WEIGHTS = "<default>"
+# The bundled network: an empty WeightsFile, declared `default <empty>` as Stockfish declares its
+# empty strings (a `<default>` came back from python-chess as '>': its option parser splits on the
+# word "default"). `<default>` is still read as the bundled network.
+DEFAULT_WEIGHTS = ""
 # NodesPerMove's largest value: far beyond any tree that fits in memory, within a GUI's 32-bit spin.
 MAX_NODES_PER_MOVE = 1_000_000_000
 

@@ -85,7 +85,7 @@ def read_go(tokens: list[str]) -> tuple[GoParams, list[str]]:
             value = _whole_number(text)
             if value is None:
                 problems.append(f"go {word} needs a whole number, got {text!r}")
-            elif word in ("nodes", "depth", "mate", "movestogo") and value < 0:
+            elif value < 0:   # a negative clock or movetime too: said and left out, never played at once
                 problems.append(f"go {word} must not be negative, got {value}")
             else:
                 setattr(go, word, value)

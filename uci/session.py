@@ -24,7 +24,8 @@ from uci.protocol import (format_go, format_info, format_result, go_to_search, p
 
 AUTHOR = "the cyzero developers"
 
-# Options that only change how the network is loaded: a change reloads it lazily.
+# Options that change how the network is built: a change that matters starts a reload at once
+# (engine.network_manager.NetworkManager.reconfigure), which isready waits for.
 _NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize"}
 # How long quit waits for a stopped search's bestmove (it comes at once; this only bounds a hang).
 _QUIT_WAIT_S = 5.0
@@ -58,10 +59,10 @@ class Session:
         self._manager_factory = network_manager_factory or _default_manager
         self.manager = None
         self._manager_lock = threading.Lock()
-        self._previous_manager = None   # kept for its network when a new WeightsFile fails
         self.board = Board()
         self._base_fen: Optional[str] = None
         self._moves: list[str] = []
+        self._position_error: Optional[str] = None   # why the last position command was rejected
         self.searcher = Searcher(self._network)
         self.searcher.log = self.info_string
         self._dirty_options: set[str] = set()
@@ -123,6 +124,7 @@ class Session:
             try:
                 self._apply_pending_options()
                 self._network()          # load now, so the first go does not pay for it
+                self.manager.wait_reloaded()   # and a reload for new options: the next go searches at once
                 self.searcher.network_unavailable(None)
                 self._swap_network_if_ready()
             except NoNetworkError as exc:   # said again on every go, which answers bestmove 0000
@@ -136,7 +138,12 @@ class Session:
         self.write("readyok")            # always: a GUI waits for it
 
     def cmd_debug(self, args: list[str]) -> None:
-        pass
+        """``debug on|off``: diagnostics as ``info string`` (why a search ended early, where a short
+        search's time went)."""
+        word = args[0].lower() if args else ""
+        if word not in ("on", "off"):
+            raise ValueError(f"debug takes on or off, not {' '.join(args)!r}")
+        self.searcher.verbose = word == "on"
 
     def cmd_register(self, args: list[str]) -> None:
         pass
@@ -146,15 +153,32 @@ class Session:
         self.searcher.new_game()
         self.board = Board(chess960=self.options["UCI_Chess960"])
         self._base_fen, self._moves = None, []
+        self._position_error = None
 
     def cmd_setoption(self, text: str) -> None:
         name, value = parse_setoption(text)
         opt = self.options.set(name, value)
-        self._dirty_options.add(opt.name.lower())
+        key = opt.name.lower()
+        if key in _NETWORK_OPTIONS:
+            self._reconfigure_network()   # even during a search: the network in use plays on
+        self._dirty_options.add(key)
         if not self.searcher.searching:
             self._apply_pending_options()
 
     def cmd_position(self, args: list[str]) -> None:
+        """A position the GUI means, or none: a rejected command (a broken FEN, an illegal move)
+        leaves no position to search, and every go answers ``bestmove 0000`` until a valid one
+        arrives, never a move of another position (the previous one, or the one before an
+        illegal move, where the other side may be to move)."""
+        try:
+            self._set_position(args)
+        except ValueError as exc:
+            self._position_error = str(exc)
+            raise ValueError(f"{exc}; no position is set until a valid position command "
+                             "(go answers bestmove 0000)") from None
+        self._position_error = None
+
+    def _set_position(self, args: list[str]) -> None:
         fen, moves = parse_position(args)
         chess960 = self.options["UCI_Chess960"]
         if fen == self._base_fen and moves[:len(self._moves)] == self._moves \
@@ -170,14 +194,7 @@ class Session:
             try:
                 board.push_uci(move)
             except ValueError:
-                # As Stockfish does: the moves before it are played, it and the rest are dropped, so
-                # that the next go answers for the side to move after the last legal move.
-                self.board = board
-                self._base_fen, self._moves = fen, list(moves[:ply - 1])
-                rest = len(moves) - ply
-                dropped = f"{move}" + (f" and the {rest} move{'s' if rest > 1 else ''} after it" if rest else "")
-                raise ValueError(f"illegal move {move!r} at ply {ply} in position command; "
-                                 f"the position is the one before it (dropped {dropped})") from None
+                raise ValueError(f"illegal move {move!r} at ply {ply} in position command") from None
         self.board = board
         self._base_fen, self._moves = fen, list(moves)
 
@@ -205,6 +222,11 @@ class Session:
         go = go.with_node_cap(self.options["NodesPerMove"])
         if self.searcher.searching:
             self.searcher.stop()    # its bestmove now; its thread ends in the background
+        if self._position_error is not None:
+            self.error(f"no position to search: the last position command was rejected "
+                       f"({self._position_error})")
+            self.write("bestmove 0000")
+            return
         self._apply_pending_options()
         self._swap_network_if_ready()
         board = self.board.copy()
@@ -286,12 +308,19 @@ class Session:
         """
         with self._manager_lock:   # the search thread, and a stop playing an unsearched move, may both ask
             if self.manager is None:
-                previous = self._previous_manager   # closed by _apply_options
-                self.manager = self._previous_manager = self._manager_factory(self.options, self.info_string)
-                if previous is not None and previous.in_use is not None:
-                    self.manager.fallback = previous.in_use
+                self.manager = self._manager_factory(self.options, self.info_string)
             manager = self.manager
+        if manager.reloading() and manager.loaded and threading.current_thread().name == "cyzero-search":
+            self.info_string("the network for the new options is still loading; this search uses "
+                             f"{manager.in_use.label()}")
         return manager.get()
+
+    def _reconfigure_network(self) -> None:
+        """The network options changed: a manager in use rebuilds its network if that changes it."""
+        with self._manager_lock:   # a manager being made now reads the options as they are now
+            manager = self.manager
+        if manager is not None:
+            manager.reconfigure(**_network_settings(self.options))
 
     def _swap_network_if_ready(self) -> None:
         if self.manager is not None:
@@ -313,11 +342,9 @@ class Session:
             self.searcher.new_game()
         if "uci_chess960" in names:
             self.board.chess960 = o["UCI_Chess960"]
+        self.searcher.analysis = o["UCI_AnalyseMode"]
         if names & _NETWORK_OPTIONS:
             self.searcher.network_unavailable(None)   # not known until the next load
-        if names & _NETWORK_OPTIONS and self.manager is not None:
-            self.manager.close()
-            self.manager = None      # reloaded on the next isready or go
         if "trainerkeys" in names and self.manager is not None:
             try:
                 self.manager.set_trainer_keys(o["TrainerKeys"] or None)
@@ -395,13 +422,18 @@ def _network_batch(minibatch: int) -> dict:
     return {"max_batch": minibatch} if minibatch > DEFAULT_MAX_BATCH else {}
 
 
+def _network_settings(options: Options) -> dict:
+    """The options a network is built with, as NetworkManager takes them."""
+    return dict(weights=options["WeightsFile"], backend=options["Backend"], device_id=options["GPU"],
+                threads=options["Threads"], network_options=_network_batch(options["MinibatchSize"]))
+
+
 def _default_manager(options: Options, log: Callable[[str], None]):
     """The network manager for the current options; the WeightsFile is checked on its first use."""
     from engine.network_manager import NetworkManager
 
-    manager = NetworkManager(options["WeightsFile"], backend=options["Backend"],
-                             device_id=options["GPU"], threads=options["Threads"],
-                             network_options=_network_batch(options["MinibatchSize"]), log=log)
+    settings = _network_settings(options)
+    manager = NetworkManager(settings.pop("weights"), log=log, **settings)
     try:
         manager.set_trainer_keys(options["TrainerKeys"] or None)
         manager.set_endpoint(options["TrainerEndpoint"] or None)
