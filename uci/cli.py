@@ -4,6 +4,7 @@
 ``cyzero perft FEN|startpos DEPTH`` count the leaf nodes of the move tree (``engine.tools.perft``)
 ``cyzero bench BENCHMARK``          speed benchmarks (``engine.tools.bench``)
 ``cyzero match --engine2 CMD ...``  play two UCI engines against each other (``engine.tools.match``)
+``cyzero eval WEIGHTS --positions F`` a network's raw outputs on positions (``engine.tools.network_eval``)
 
 This module only parses arguments and dispatches. Results go to stdout and
 progress to stderr in every subcommand. The UCI front end owns the executable,
@@ -21,7 +22,7 @@ from engine import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here: speaking UCI must not pay for python-chess's engine module or numpy.
-    from engine.tools import bench, match, perft
+    from engine.tools import bench, match, network_eval, perft
 
     parser = argparse.ArgumentParser(
         prog="cyzero",
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     perft.add_parser(commands)
     bench.add_parser(commands)
     match.add_parser(commands)
+    network_eval.add_parser(commands)
     return parser
 
 
