@@ -39,6 +39,8 @@ from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import POLICY_INDEX, POLICY_SIZE
 
 __all__ = [
+    "ATTENTION_POLICY_MAP",
+    "AttentionPolicy",
     "CONV_POLICY_MAP",
     "ConvLayer",
     "Dense",
@@ -75,8 +77,9 @@ _NETWORKS = {1: "classical", 2: "SE", 3: "classical", 4: "SE", 5: "ONNX", 6: "at
 _POLICIES = {1: "classical", 2: "convolution", 3: "attention"}
 _VALUES = {1: "classical", 2: "WDL", 3: "parametric"}
 _ACTIVATIONS = {0: "relu", 1: "mish"}
-# Weights fields that only attention-body networks have (encoder stacks, embeddings).
-_ATTENTION_FIELDS = {21, 25, 26, 27, 28, 33, 34, 35, 36}
+# Weights fields that only attention-body networks have (encoder stacks, embeddings). The
+# attention policy head's own (4, 5, 17-22, 24) sit on residual towers too (T60-T78).
+_BODY_FIELDS = {25, 26, 27, 28, 33, 34, 35, 36}
 
 
 class Lc0Error(ValueError):
@@ -250,14 +253,45 @@ class Residual:
 
 
 @dataclass
+class AttentionPolicy:
+    """lc0's attention policy head on a residual tower (T60-T78): each square's features ``x``
+    [64, F] give ``e = selu(x @ embedding.w.T + b)`` [64, E], queries ``q = e @ wq.w.T + b`` and
+    keys ``k`` [64, D]; ``q[from] . k[to] / sqrt(D)`` is the from-to logit, and a promotion adds
+    ``(k[56 + to_file] @ ppo.T)[piece] + (...)[3]`` to its pawn move's logit (pieces q, r, b)."""
+
+    embedding: Dense     # [E, F]
+    wq: Dense            # [D, E]
+    wk: Dense            # [D, E]
+    ppo: np.ndarray      # [4, D]
+
+
+def _attention_policy_map() -> np.ndarray:
+    """For each of the 1858 policy entries, its place among the attention head's 4096 from-to
+    logits and 192 promotion logits (``4096 + 24 * from_file + 3 * to_file + q/r/b``)."""
+    out = np.empty(POLICY_SIZE, np.int64)
+    for i, move in enumerate(POLICY_INDEX):
+        frm = (ord(move[0]) - 97) + 8 * (int(move[1]) - 1)
+        to = (ord(move[2]) - 97) + 8 * (int(move[3]) - 1)
+        if len(move) == 5:
+            out[i] = 4096 + 24 * (frm % 8) + 3 * (to % 8) + "qrb".index(move[4])
+        else:
+            out[i] = frm * 64 + to
+    return out
+
+
+#: Where each of the 1858 moves is in the attention policy head's 4288 logits.
+ATTENTION_POLICY_MAP = _attention_policy_map()
+
+
+@dataclass
 class Lc0Weights:
     """A classical lc0 network's weights, batch norm folded; see the module doc for the graph."""
 
     input: ConvLayer
     residual: list[Residual]
-    policy: str                     # "convolution" or "classical"
+    policy: str                     # "convolution", "classical" or "attention"
     policy1: ConvLayer | None       # convolution: 3x3 F -> F, activation
-    policy_conv: ConvLayer          # convolution: 3x3 F -> 80; classical: 1x1 F -> C, activation
+    policy_conv: ConvLayer | None   # convolution: 3x3 F -> 80; classical: 1x1 F -> C, activation
     ip_pol: Dense | None            # classical: [1858, C*64]
     value_conv: ConvLayer           # 1x1 F -> Cv, activation
     ip1_val: Dense                  # [H, Cv*64], activation
@@ -267,6 +301,7 @@ class Lc0Weights:
     ip1_mov: Dense | None           # [Hm, Cm*64], activation
     ip2_mov: Dense | None           # [1, Hm], then ReLU
     activation: str                 # "relu" or "mish"
+    attention_policy: AttentionPolicy | None = None
 
     @property
     def blocks(self) -> int:
@@ -364,12 +399,25 @@ def _weights(w: dict, policy: str, wdl: bool, moves_left: bool, activation: str)
                     raise Lc0Error(f"block {i}: an SE unit of the wrong size")
                 se = SEUnit(w1.reshape(c, f), b1, w2.reshape(2 * f, c), b2)
         residual.append(Residual(conv1, conv2, se))
+    attention = None
     if policy == "convolution":
         policy1 = _fold(_message(w, 11), "policy conv1", f, f, kernels=(3,))
         policy_conv = _fold(_message(w, 3), "policy conv2", f, CONV_POLICY_PLANES, kernels=(3,))
         if policy1 is None or policy_conv is None:
             raise Lc0Error("the file says convolutional policy, but its policy convolutions are missing")
         ip_pol = None
+    elif policy == "attention":
+        policy1 = policy_conv = ip_pol = None
+        if w.get(21):
+            raise Lc0Error(f"an attention policy with {len(w[21])} policy encoder layers, which cyzero does "
+                           "not run yet (the head without them it does)")
+        embedding = _dense(w, 4, 5, "attention policy embedding", f)
+        wq = _dense(w, 17, 18, "attention policy queries", embedding.b.size)
+        wk = _dense(w, 19, 20, "attention policy keys", embedding.b.size, wq.b.size)
+        ppo = _layer(_message(w, 22))
+        if ppo.size != 4 * wq.b.size:
+            raise Lc0Error(f"attention policy promotion offsets: {ppo.size} weights, not 4 x {wq.b.size}")
+        attention = AttentionPolicy(embedding, wq, wk, ppo.reshape(4, wq.b.size).astype(np.float32))
     else:
         policy1 = None
         policy_conv = _fold(_message(w, 3), "policy convolution", f, kernels=(1,))
@@ -389,7 +437,7 @@ def _weights(w: dict, policy: str, wdl: bool, moves_left: bool, activation: str)
         ip1_mov = _dense(w, 13, 14, "moves-left dense layer 1", mlh_conv.b.size * 64)
         ip2_mov = _dense(w, 15, 16, "moves-left dense layer 2", ip1_mov.b.size, 1)
     return Lc0Weights(stem, residual, policy, policy1, policy_conv, ip_pol, value_conv, ip1_val,
-                      ip2_val, wdl, mlh_conv, ip1_mov, ip2_mov, activation)
+                      ip2_val, wdl, mlh_conv, ip1_mov, ip2_mov, activation, attention)
 
 
 def _describe(fmt: dict, weights: Lc0Weights | None, training: dict, license: str) -> str:
@@ -460,7 +508,7 @@ def _read(net: dict, name: str) -> Lc0Net:
     network = fmt["network"]
     if network == 5:
         return _onnx_inside(net, fmt, name, training, license, min_version)
-    if network in (6, 7, 134) or (weights_fields and _ATTENTION_FIELDS & set(weights_fields)):
+    if network in (6, 7, 134) or (weights_fields and _BODY_FIELDS & set(weights_fields)):
         raise Lc0Error(f"{name}: an lc0 attention-body (transformer) network; cyzero runs the classical "
                        "residual family only (convolution and SE towers)")
     if network not in (1, 2, 3, 4):
@@ -470,9 +518,9 @@ def _read(net: dict, name: str) -> Lc0Net:
         label = _INPUT_FORMATS.get(fmt["input"], f"unknown input format {fmt['input']}")
         raise Lc0Error(f"{name}: an lc0 network for the {label} input (format {fmt['input']}); cyzero's "
                        "encoder writes the classical 112-plane input (format 1)")
-    if fmt["policy"] not in (1, 2):
-        raise Lc0Error(f"{name}: an lc0 network with a {_POLICIES.get(fmt['policy'], 'unknown')} policy "
-                       f"head (format {fmt['policy']}); cyzero runs classical and convolutional heads")
+    if fmt["policy"] not in (1, 2, 3):
+        raise Lc0Error(f"{name}: an lc0 network with an unknown policy head (format {fmt['policy']}); "
+                       "cyzero runs classical, convolutional and attention heads")
     if fmt["value"] not in (1, 2):
         raise Lc0Error(f"{name}: an lc0 network with a {_VALUES.get(fmt['value'], 'unknown')} value head "
                        f"(format {fmt['value']}); cyzero runs classical and WDL heads")
@@ -569,6 +617,40 @@ def lc0_to_onnx(net: Lc0Net, dtype: str = "float32") -> bytes:
     def flatten(x: str, width: int, name: str) -> str:
         return node("Reshape", [x, const(name + "/shape", np.array([-1, width], np.int64), cast=False)], name)
 
+    def attention_policy(tower: str) -> None:
+        a = w.attention_policy
+        shape = const("/policy/squares/shape", np.array([-1, 64, w.filters], np.int64), cast=False)
+        x = node("Reshape", [node("Transpose", [tower], "/policy/nhwc", perm=[0, 2, 3, 1]), shape],
+                 "/policy/squares")                                       # [N, 64, F], a1..h8
+        e = node("Selu", [dense(x, a.embedding, "/policy/embedding")], "/policy/embedding/selu")
+        q = dense(e, a.wq, "/policy/q")
+        k = dense(e, a.wk, "/policy/k")
+        logits = node("Mul", [node("MatMul", [q, node("Transpose", [k], "/policy/kt", perm=[0, 2, 1])],
+                                   "/policy/qk"),
+                              const("/policy/scale", np.array([1.0 / np.sqrt(a.wq.b.size)], np.float32))],
+                      "/policy/logits")                                   # [N, from, to]
+
+        def rows(x: str, start: int, end: int, axis: int, name: str) -> str:
+            return node("Slice", [x, const(name + "/starts", np.array([start], np.int64), cast=False),
+                                  const(name + "/ends", np.array([end], np.int64), cast=False),
+                                  const(name + "/axes", np.array([axis], np.int64), cast=False)], name)
+
+        ranked8 = rows(k, 56, 64, 1, "/policy/k8")                        # keys of the 8th rank
+        offsets = node("MatMul", [ranked8, const("/policy/ppo", np.ascontiguousarray(a.ppo.T))],
+                       "/policy/promotion/offsets")                       # [N, to file, 4]
+        offsets = node("Add", [rows(offsets, 0, 3, 2, "/policy/promotion/pieces"),
+                               rows(offsets, 3, 4, 2, "/policy/promotion/shared")], "/policy/promotion/add")
+        pawns = rows(rows(logits, 48, 56, 1, "/policy/rank7"), 56, 64, 2, "/policy/rank7to8")  # [N, 8, 8]
+        promotions = node("Add", [node("Unsqueeze", [pawns, const("/policy/axis3", np.array([3], np.int64),
+                                                                  cast=False)], "/policy/pawns"),
+                                  node("Unsqueeze", [offsets, const("/policy/axis1", np.array([1], np.int64),
+                                                                    cast=False)], "/policy/offsets")],
+                          "/policy/promotions")                           # [N, from file, to file, q/r/b]
+        flat = node("Concat", [flatten(logits, 4096, "/policy/flat"), flatten(promotions, 192, "/policy/flat_promo")],
+                    "/policy/all", axis=1)
+        node("Gather", [flat, const("/policy/mapping_table", ATTENTION_POLICY_MAP, cast=False)], POLICY_NAME,
+             axis=1)
+
     flow = conv(INPUT_NAME, w.input, "/inputconv")
     for i, block in enumerate(w.residual):
         name = f"/block{i}"
@@ -591,7 +673,9 @@ def lc0_to_onnx(net: Lc0Net, dtype: str = "float32") -> bytes:
         flow = act(node("Add", [flow, skip], name + "/mixin"), name)
     tower = flow
 
-    if w.policy == "convolution":
+    if w.policy == "attention":
+        attention_policy(tower)
+    elif w.policy == "convolution":
         p = conv(tower, w.policy1, "/policy/conv1")
         p = conv(p, w.policy_conv, "/policy/conv2", activation=False)
         p = flatten(p, CONV_POLICY_PLANES * 64, "/policy/flatten")

@@ -57,7 +57,7 @@ NETWORK_CLASSICAL_WITH_HEADFORMAT = 3
 NETWORK_SE_WITH_HEADFORMAT = 4
 NETWORK_ONNX = 5
 NETWORK_ATTENTIONBODY_WITH_HEADFORMAT = 6
-POLICY_FORMATS = {"classical": 1, "convolution": 2}
+POLICY_FORMATS = {"classical": 1, "convolution": 2, "attention": 3}
 VALUE_FORMATS = {"classical": 1, "wdl": 2}
 ACTIVATIONS = {"relu": 0, "mish": 1}
 
@@ -209,6 +209,8 @@ class Lc0Spec:
     with_format: bool = True
     old_bn: bool = False            # omit bn_gammas / bn_betas (as old nets do)
     attention: bool = False
+    policy_embedding: int = 16      # attention policy: the per-square embedding's width
+    policy_d_model: int = 8         # attention policy: the width of its queries and keys
     seed: int = 0
 
     def network_value(self) -> int:
@@ -304,6 +306,12 @@ class _Writer:
         if s.policy == "convolution":
             msg += f_bytes(11, self.conv_block("policy1", F, F, 3, bn=True, bias=self.bn_bias()))
             msg += f_bytes(3, self.conv_block("policy", CONV_POLICY_PLANES, F, 3, bn=False, bias=True))
+        elif s.policy == "attention":   # on a residual tower: T60-T78's head (no policy encoder layers)
+            E, D = s.policy_embedding, s.policy_d_model
+            msg += self.dense(4, 5, "ip_pol_w", "ip_pol_b", E, F)
+            msg += self.dense(17, 18, "ip2_pol_w", "ip2_pol_b", D, E)
+            msg += self.dense(19, 20, "ip3_pol_w", "ip3_pol_b", D, E)
+            msg += f_bytes(22, self.layer("ip4_pol_w", self.normal((4, D), 0.5 / np.sqrt(D))))
         else:
             C = CLASSICAL_POLICY_CHANNELS
             msg += f_bytes(3, self.conv_block("policy", C, F, 1, bn=True, bias=self.bn_bias()))
@@ -509,6 +517,8 @@ def reference_forward(weights: Dict[str, np.ndarray], spec: Lc0Spec, planes: np.
         p = _act(conv_block(weights, "policy1", x), act)
         p = conv_block(weights, "policy", p)
         policy = p.reshape(n, -1)[:, POLICY_MAP]
+    elif "ip2_pol_w" in weights:      # attention policy head
+        policy = _attention_policy(weights, x)
     else:
         p = _act(conv_block(weights, "policy", x), act)
         policy = _dense(weights, "ip_pol_w", "ip_pol_b", p.reshape(n, -1))
@@ -528,6 +538,39 @@ def reference_forward(weights: Dict[str, np.ndarray], spec: Lc0Spec, planes: np.
         m = _act(_dense(weights, "ip1_mov_w", "ip1_mov_b", m), act)
         mlh = np.maximum(_dense(weights, "ip2_mov_w", "ip2_mov_b", m)[:, 0], 0.0)
     return policy, wdl, mlh
+
+
+def _selu(x: np.ndarray) -> np.ndarray:
+    return 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * (np.exp(np.minimum(x, 0.0)) - 1.0))
+
+
+def _attention_square_index() -> np.ndarray:
+    """For each of the 1858 policy entries, its place among the attention head's 64 x 64 from-to
+    logits and 8 x 24 promotion logits: ``from * 64 + to``, or for a q/r/b promotion
+    ``4096 + 24 * from_file + 3 * to_file + (0, 1, 2)`` (lc0's order: q, r, b)."""
+    out = np.empty(len(POLICY_INDEX), np.int64)
+    for i, move in enumerate(POLICY_INDEX):
+        frm = (ord(move[0]) - 97) + 8 * (int(move[1]) - 1)
+        to = (ord(move[2]) - 97) + 8 * (int(move[3]) - 1)
+        out[i] = 4096 + 24 * (frm % 8) + 3 * (to % 8) + "qrb".index(move[4]) if len(move) == 5 else frm * 64 + to
+    return out
+
+
+def _attention_policy(weights: Dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """lc0's attention policy on a residual tower (network_blas.cc): each square's features, a
+    SELU embedding, queries and keys, their scaled products as from-to logits; promotions add a
+    per-piece offset from the 8th rank's keys (the 4th offset is shared by all three)."""
+    n, c = x.shape[:2]
+    squares = x.reshape(n, c, 64).transpose(0, 2, 1)                     # [N, 64, C], a1..h8
+    emb = _selu(squares @ weights["ip_pol_w"].T.astype(np.float64) + weights["ip_pol_b"])
+    q = emb @ weights["ip2_pol_w"].T.astype(np.float64) + weights["ip2_pol_b"]
+    k = emb @ weights["ip3_pol_w"].T.astype(np.float64) + weights["ip3_pol_b"]
+    logits = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])              # [N, from, to]
+    offsets = k[:, 56:64] @ weights["ip4_pol_w"].T.astype(np.float64)    # [N, to file, 4]
+    offsets = offsets[:, :, :3] + offsets[:, :, 3:]
+    promotions = logits[:, 48:56, 56:64, None] + offsets[:, None, :, :]   # [N, from file, to file, q/r/b]
+    flat = np.concatenate([logits.reshape(n, 4096), promotions.reshape(n, 192)], axis=1)
+    return flat[:, _attention_square_index()]
 
 
 def random_planes(n: int, seed: int = 0) -> np.ndarray:
@@ -565,6 +608,8 @@ class Lc0Fixture:
     spec: Lc0Spec          # its shape, as reference_forward reads it
     description: str       # how engine.lc0 describes it (a prefix)
     extra: str = ""        # why it is not in the repository and where to get it
+    files: Tuple[str, ...] = ("pb", "json", "onnx")   # "onnx": lc0's own export is there too
+    recipe: str = "docs/recipes/lc0-fixture.py"
 
     def path(self, kind: str) -> str:
         suffix = {"pb": ".pb.gz", "json": ".lc0.json", "onnx": ".leela2onnx.onnx"}[kind]
@@ -579,14 +624,14 @@ class Lc0Fixture:
         return self.path("onnx")
 
     def missing(self) -> List[str]:
-        return [os.path.basename(self.path(k)) for k in ("pb", "json", "onnx") if not os.path.isfile(self.path(k))]
+        return [os.path.basename(self.path(k)) for k in self.files if not os.path.isfile(self.path(k))]
 
     def need(self) -> "Lc0Fixture":
         """The fixture, or a skip (an extra one) or failure (the repository's own) when a file is absent."""
         missing = self.missing()
         if missing and self.extra:
             pytest.skip(f"{', '.join(missing)} not found in {os.path.normpath(self.folder)}: {self.extra}")
-        assert not missing, f"{missing} missing from {self.folder}: remake them with docs/recipes/lc0-fixture.py"
+        assert not missing, f"{missing} missing from {self.folder}: remake them with {self.recipe}"
         return self
 
     def lc0(self) -> dict:
@@ -602,6 +647,16 @@ CYZERO = Lc0Fixture("cyzero-3x16", os.path.join(REPO, "tests", "data", "lc0"),
                     "lc0 network 3x16 SE, classical 112-plane input, convolution policy, WDL value, "
                     "moves-left head, ReLU")
 
+#: The repository's own attention-policy network: a 2x16 SE tower with lc0's attention policy head
+#: (T60-T78's structure), written from the proto by this module's writer, and lc0's outputs for it
+#: (docs/recipes/lc0-attention-policy-fixture.py; lc0 v0.32.1 has no ONNX export to compare with).
+ATTENTION_POLICY = Lc0Fixture("cyzero-2x16-attnpol", os.path.join(REPO, "tests", "data", "lc0"),
+                              Lc0Spec(blocks=2, filters=16, se=True, se_channels=8, policy="attention",
+                                      moves_left=True, activation="mish", seed=53),
+                              "lc0 network 2x16 SE, classical 112-plane input, attention policy, WDL value, "
+                              "moves-left head, Mish", files=("pb", "json"),
+                              recipe="docs/recipes/lc0-attention-policy-fixture.py")
+
 #: Maia 1100: a real network that lc0's own trainer wrote (6x64, SE, convolutional policy, WDL, no
 #: moves-left head). GPL-3.0, so never in the repository: an extra where a user has it.
 MAIA = Lc0Fixture("maia-1100", MAIA_DIR, Lc0Spec(blocks=6, filters=64, se=True, se_channels=8),
@@ -611,6 +666,11 @@ MAIA = Lc0Fixture("maia-1100", MAIA_DIR, Lc0Spec(blocks=6, filters=64, se=True, 
                         "maia_weights/maia-1100.pb.gz from CSSLab's maia-chess repository, make lc0's outputs "
                         "for it with `docs/recipes/lc0-fixture.py --lc0 LC0 --evaluate maia-1100.pb.gz`, and "
                         "put the three files there or name their folder in CYZERO_MAIA_DIR")
+
+
+#: Every fixture with lc0's own evaluation: the residual ones with their lc0 export, and the
+#: attention-policy one (not exported by lc0 v0.32.1, nor by cyzero's trainer).
+EVALUATED_BY_LC0 = (CYZERO, MAIA, ATTENTION_POLICY)
 
 
 def fixture_params(*fixtures: Lc0Fixture) -> list:
@@ -701,7 +761,7 @@ def lc0_evaluations(lc0: str, weights: str, fens: List[str]) -> List[dict]:
 
 
 __all__: List[str] = [
-    "ACTIVATIONS", "BN_EPSILON", "CYZERO", "ENCODINGS", "LC0_TOLERANCE", "Lc0Fixture", "Lc0Spec", "MAGIC",
+    "ACTIVATIONS", "ATTENTION_POLICY", "BN_EPSILON", "CYZERO", "EVALUATED_BY_LC0", "ENCODINGS", "LC0_TOLERANCE", "Lc0Fixture", "Lc0Spec", "MAGIC",
     "MAIA", "POLICY_MAP", "assert_plays_as_lc0", "conv2d", "conv_block", "fixture_params",
     "lc0_evaluations", "shares",
     "encode_layer", "f_bytes", "f_fixed32", "f_float", "f_string", "f_varint", "format_message", "make_lc0",

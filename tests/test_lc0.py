@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.encoding import encode_board, encode_position, legal_policy
+from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, encode_position, legal_policy
 from engine.lc0 import CONV_POLICY_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
 from engine.network import Network, NetworkError
-from lc0_files import CYZERO, LC0_TOLERANCE, Lc0Spec, assert_plays_as_lc0, fixture_params, make_lc0, \
-    random_planes, reference_forward, truncated, wrap_onnx, write_bytes, write_lc0, wrong_magic
+from lc0_files import ATTENTION_POLICY, CYZERO, EVALUATED_BY_LC0, LC0_TOLERANCE, Lc0Spec, assert_plays_as_lc0, fixture_params, \
+    make_lc0, random_planes, reference_forward, truncated, wrap_onnx, write_bytes, write_lc0, wrong_magic
 from test_uci_harness import REPO, UciEngine
 
 # lc0 names castling king-takes-rook.
@@ -39,6 +39,22 @@ def _openvino_params():
     if processor.native_bf16():
         params.append(pytest.param("bf16", marks=missing, id="openvino-bf16"))
     return params
+
+
+def test_the_attention_policy_map_places_every_move():
+    """Each of the 1858 moves has its own place among the attention head's 64 x 64 from-to logits
+    and 8 x 24 promotion logits: a move's from and to squares, or for a q/r/b promotion the pawn's
+    file, the file it promotes on and the piece (lc0 v0.32.1's kAttnPolicyMap, q, r, b)."""
+    from engine.lc0 import ATTENTION_POLICY_MAP
+
+    assert len(set(ATTENTION_POLICY_MAP.tolist())) == POLICY_SIZE
+    assert ATTENTION_POLICY_MAP.min() >= 0 and ATTENTION_POLICY_MAP.max() < 64 * 64 + 8 * 24
+    index = {move: i for i, move in enumerate(POLICY_INDEX)}
+    assert ATTENTION_POLICY_MAP[index["e2e4"]] == 12 * 64 + 28
+    assert ATTENTION_POLICY_MAP[index["g1f3"]] == 6 * 64 + 21
+    assert ATTENTION_POLICY_MAP[index["a7a8"]] == 48 * 64 + 56          # the knight promotion: from-to
+    assert [ATTENTION_POLICY_MAP[index[m]] for m in ("a7a8q", "a7a8r", "a7a8b", "a7b8q", "h7g8b")] == \
+        [4096, 4097, 4098, 4099, 4096 + 24 * 7 + 3 * 6 + 2]
 
 
 def test_the_conv_policy_map_is_lc0s():
@@ -84,7 +100,7 @@ def _lc0_shares(board: Board, policy_row: np.ndarray, position: dict, temperatur
     return ours, theirs
 
 
-@pytest.mark.parametrize("fixture", fixture_params())
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0))
 def test_value_and_policy_match_lc0s_own_evaluation(fixture):
     """lc0 evaluated the file itself: V = W - L to its 4 printed decimals, D to its 3, moves left
     where the net has the head, and every legal move's policy share at lc0's temperature 1.359
@@ -150,7 +166,7 @@ def test_a_misread_network_does_not_play_as_lc0_evaluates_it(misreading):
         assert_plays_as_lc0(lc0, *outputs(net))
 
 
-@pytest.mark.parametrize("fixture", fixture_params())
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0))
 @pytest.mark.parametrize("precision", _openvino_params())
 def test_openvino_matches_lc0s_own_evaluation(fixture, precision):
     """The same files on OpenVINO: in fp32 to lc0's printed digits as on ONNX Runtime; in bf16 V
@@ -167,7 +183,7 @@ def test_openvino_matches_lc0s_own_evaluation(fixture, precision):
         assert max(abs(ours[m] - theirs[m]) for m in ours) < p_tol, p["fen"]
 
 
-@pytest.mark.parametrize("fixture", fixture_params())
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0))
 def test_network_reads_the_file_and_describes_it(fixture):
     network = Network(fixture.need().pb, backend="cpu")
     with open(fixture.pb, "rb") as f:
@@ -199,15 +215,16 @@ def test_a_damaged_file_is_refused_with_what_it_is(tmp_path):
         read_lc0(b"\x08\x01\x12\x03abc", "x.pb")
 
 
-def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path):
+@pytest.mark.parametrize("fixture", [CYZERO, ATTENTION_POLICY], ids=lambda f: f.name)
+def test_the_engine_plays_an_lc0_file_and_says_what_it_is(tmp_path, fixture):
     weights = tmp_path / "net.pb.gz"
-    shutil.copy(CYZERO.need().pb, weights)
+    shutil.copy(fixture.need().pb, weights)
     with UciEngine(options={"WeightsFile": str(weights)}) as eng:
         eng.send("position startpos moves e2e4")
         eng.send("go nodes 50")
         lines = eng.until("bestmove", timeout=60)
         said = " ".join(text for _, text in eng.lines if text.startswith("info string"))
-        assert "lc0 network 3x16 SE" in said and "net.pb.gz" in said
+        assert fixture.description in said and "net.pb.gz" in said
         assert lines[-1].split()[1] not in ("0000", "(none)")
         assert not eng.bad
 
@@ -226,6 +243,9 @@ FAMILY = {
     "float16 layers": Lc0Spec(encoding="float16", se=True, moves_left=True),
     "bfloat16 layers": Lc0Spec(encoding="bfloat16", policy="classical"),
     "float32 layers, no tower": Lc0Spec(encoding="float32", blocks=0),
+    "attention policy (T60-T78's head)": Lc0Spec(se=True, policy="attention", moves_left=True),
+    "attention policy, mish, wider": Lc0Spec(policy="attention", activation="mish", policy_embedding=32,
+                                             policy_d_model=24, encoding="float16"),
 }
 
 
@@ -264,12 +284,27 @@ def test_every_classical_network_runs_as_its_reference(tmp_path, variant, dtype)
         assert got[2] is None
 
 
+def test_an_attention_policy_with_policy_encoder_layers_is_refused_by_name(tmp_path, monkeypatch):
+    """A policy head with encoder layers of its own (field 21) is named in the refusal, not taken for
+    a transformer body nor played without them."""
+    import lc0_files
+
+    plain = lc0_files._Writer.weights_message
+    monkeypatch.setattr(lc0_files._Writer, "weights_message",
+                        lambda self: plain(self) + lc0_files.f_bytes(21, b"") + lc0_files.f_bytes(21, b""))
+    path = str(tmp_path / "net.pb.gz")
+    write_lc0(path, Lc0Spec(se=True, policy="attention"))
+    with pytest.raises(NetworkError, match="attention policy with 2 policy encoder layers"):
+        Network(path, backend="cpu")
+
+
 REFUSED = {
     "attention body": (Lc0Spec(attention=True), "attention-body"),
     "attention fields behind a classical header": (Lc0Spec(attention=True, network=3), "attention-body"),
     "castling-plane input": (Lc0Spec(input_format=2), "castling plane input \\(format 2\\)"),
     "canonical input": (Lc0Spec(input_format=3), "canonical input \\(format 3\\)"),
 }
+
 
 
 @pytest.mark.parametrize("case", list(REFUSED))

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import lc0_files as L
-from lc0_files import CYZERO, Lc0Fixture, Lc0Spec, assert_plays_as_lc0, fixture_params, make_lc0, \
-    reference_forward
+from lc0_files import CYZERO, EVALUATED_BY_LC0, Lc0Fixture, Lc0Spec, assert_plays_as_lc0, fixture_params, \
+    make_lc0, reference_forward
 
 
 # --------------------------------------------------------------------------- a tiny protobuf walker
@@ -96,7 +96,8 @@ CONV_FIELDS = {1: "weights", 2: "biases", 3: "bn_means", 4: "bn_stddivs", 5: "bn
 SE_FIELDS = {1: "w1", 2: "b1", 3: "w2", 4: "b2"}
 WEIGHT_CONVS = {1: "input", 3: "policy", 6: "value", 11: "policy1", 12: "moves_left"}
 WEIGHT_LAYERS = {4: "ip_pol_w", 5: "ip_pol_b", 7: "ip1_val_w", 8: "ip1_val_b", 9: "ip2_val_w", 10: "ip2_val_b",
-                 13: "ip1_mov_w", 14: "ip1_mov_b", 15: "ip2_mov_w", 16: "ip2_mov_b", 25: "ip_emb_w", 26: "ip_emb_b"}
+                 13: "ip1_mov_w", 14: "ip1_mov_b", 15: "ip2_mov_w", 16: "ip2_mov_b", 25: "ip_emb_w", 26: "ip_emb_b",
+                 17: "ip2_pol_w", 18: "ip2_pol_b", 19: "ip3_pol_w", 20: "ip3_pol_b", 22: "ip4_pol_w"}
 
 
 def decode_weights(buf):
@@ -138,6 +139,8 @@ def shape_weights(flat):
             out_ch, in_ch = channels(name), 112 if name == "input" else filters
             k = int(round(np.sqrt(w.size / (out_ch * in_ch))))
             shaped[key] = w.reshape(out_ch, in_ch, k, k)
+        elif key == "ip4_pol_w":      # the attention policy's promotion offsets: [4, d_model], no bias
+            shaped[key] = w.reshape(4, -1)
         elif key.endswith("_w"):
             shaped[key] = w.reshape(len(flat[key[:-1] + "b"]), -1)
         elif key.endswith((".w1", ".w2")):
@@ -368,7 +371,7 @@ def test_reference_matches_lc0s_onnx_export(fixture):
         np.testing.assert_allclose(mlh, out["/output/mlh"].reshape(-1), rtol=0, atol=2e-3)
 
 
-@pytest.mark.parametrize("fixture", fixture_params())
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0))
 def test_reference_matches_lc0s_own_evaluations(fixture):
     from engine.encoding import encode_position
 

@@ -16,7 +16,7 @@ from engine.board import Board
 from engine.encoding import encode_board, move_to_index
 from engine.network import POLICY_SIZE, Network
 from engine.weights import default_weights_path
-from lc0_files import assert_plays_as_lc0, fixture_params
+from lc0_files import EVALUATED_BY_LC0, assert_plays_as_lc0, fixture_params
 from test_uci_harness import REPO
 
 CASTLES = "4k3/8/8/8/8/8/8/R3K2R w KQ - 0 1"
@@ -71,7 +71,7 @@ def test_eval_gives_the_networks_own_outputs_for_every_legal_move():
     assert results[6]["policy"] == {}
 
 
-@pytest.mark.parametrize("fixture", fixture_params())
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0))
 def test_eval_of_an_lc0_file_is_what_lc0_evaluates(fixture):
     """On lc0's own files (the repository's fixture, and Maia where it is downloaded) the outputs
     are lc0 v0.32.1's at one node: W - L and D, moves left, and every legal move's policy share
