@@ -914,7 +914,12 @@ class Searcher:
         # One driver (and its batches) per search thread, kept across searches: a new 7 MB planes
         # buffer per go cost time, and, freed on a different short-lived search thread each time,
         # left memory behind in glibc's per-thread arenas (RSS crept up over hundreds of games).
-        self._drivers: list[Driver] = []
+        # Two sets: a search stopped with a batch at the network keeps its set until that batch is
+        # back, and the next search takes the other at once instead of waiting for it (on a network
+        # of 50 ms a call, the wait took a third of a go movetime 200's time before its first batch).
+        self._driver_sets: list[list[Driver]] = [[], []]
+        self._set_users: list[Optional[threading.Thread]] = [None, None]   # the search thread of each set
+        self._slot = 0                       # the set of the latest search
         self._speed = EvalSpeed()            # the network's speed, as all the drivers measure it
         self._snapshot: Optional[tuple[str, Optional[str]]] = None   # (best, ponder) as last reported
         self._marks: dict[str, float] = {}   # when this go's search reached each step (verbose)
@@ -995,18 +1000,21 @@ class Searcher:
         search is stopped through :meth:`stop` (which then makes it) or
         :meth:`abort`.
 
-        The caller's thread never waits here for the previous search's thread
-        (a stopped search still finishes the network batch in flight, one batch
-        time: tens of ms on a CPU): that batch is dropped from the tree at once,
-        the tree gets the new position, and the new search thread waits for the
-        old one before it evaluates anything, so that the UCI reader stays free
-        to answer ``isready`` and ``stop`` at once.  Each search has its own stop
+        Nothing waits for the previous search's thread (a stopped search still
+        finishes the network batch in flight, one batch time: tens of ms on a
+        CPU, more on a big network): that batch is dropped from the tree at once,
+        the tree gets the new position, and the new search gathers into the other
+        of the two sets of batches while the old call finishes, so that the UCI
+        reader stays free to answer ``isready`` and ``stop`` at once and the new
+        search's first batch goes out at once.  Each search has its own stop
         event and generation, so the previous thread can neither report for nor
         stop the new search.
         """
         if self.searching:
             self.stop()             # one bestmove per go: the running search reports first
         previous = self._thread
+        slot = 1 - self._slot if previous is not None and previous.is_alive() else self._slot
+        wait_for = self._set_users[slot]   # still at the network only after two stops in a row
         started = time.monotonic() if start_time is None else start_time
         if go.searchmoves:
             # Only legal moves restrict the root; naming none (e.g. ``searchmoves 0000``) restricts
@@ -1042,15 +1050,18 @@ class Searcher:
             # position's best move. The previous search's leaves at the network are dropped first
             # (its thread discards the results), since they point into the old tree.
             with self._tree_lock:
-                for driver in self._drivers:
-                    driver.drop()
+                for drivers in self._driver_sets:
+                    for driver in drivers:
+                        driver.drop()
                 root_tree(self.tree, board, go)
                 self._move = move = MoveSearch(self.tree, board, go, budget, self.params, started,
                                                analysis=self.analysis)
                 self._positioned = generation
             self._arm_watchdog()
-        self._thread = threading.Thread(target=self._run, args=(previous, stop, move, generation),
+        self._slot = slot
+        self._thread = threading.Thread(target=self._run, args=(wait_for, stop, move, generation, slot),
                                         name="cyzero-search", daemon=True)
+        self._set_users[slot] = self._thread
         self._thread.start()
 
     def stop(self) -> None:
@@ -1077,20 +1088,21 @@ class Searcher:
         self._ponderhit.set()
 
     def wait(self, timeout: Optional[float] = None) -> None:
-        """Block until the search thread (and so every earlier one) has ended."""
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        """Block until every search thread has ended (a stopped one may still be at the network)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in (*self._set_users, self._thread):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # -- the thread ----------------------------------------------------------
 
-    def _run(self, previous: Optional[threading.Thread], stop: threading.Event, move: MoveSearch,
-             generation: int) -> None:
+    def _run(self, wait_for: Optional[threading.Thread], stop: threading.Event, move: MoveSearch,
+             generation: int, slot: int) -> None:
         try:
-            if previous is not None:
-                previous.join()     # it was stopped; it may still be waiting for its network batch
+            if wait_for is not None:
+                wait_for.join()     # the last user of this driver set: its batch may be at the network
             if not stop.is_set():
-                self._search(stop, move)
+                self._search(stop, move, slot)
         except Exception as exc:  # never leave a go without a bestmove
             if move.legal and not move.tree.nodes:
                 move.error = f"network evaluation failed: {_reason(exc)}"   # nothing searched to play
@@ -1135,7 +1147,7 @@ class Searcher:
         self._watchdog.daemon = True
         self._watchdog.start()
 
-    def _search(self, stop: threading.Event, move: MoveSearch) -> None:
+    def _search(self, stop: threading.Event, move: MoveSearch, slot: int = 0) -> None:
         ponderhit = self._ponderhit
         marks = self._marks
         marks["thread started"] = time.monotonic()
@@ -1153,7 +1165,7 @@ class Searcher:
                 stop.wait(0.005)
             return
         move.batch = search_batch(self.params, network)
-        drivers = self._drivers_for(network, move.batch, self.params.search_threads)
+        drivers = self._drivers_for(network, move.batch, self.params.search_threads, slot)
         while True:
             if ponderhit.is_set():      # the ponder search goes on as a timed one, unless done already
                 ponderhit.clear()
@@ -1171,13 +1183,13 @@ class Searcher:
             while not stop.is_set() and not ponderhit.is_set():
                 stop.wait(0.005)
 
-    def _drivers_for(self, network: object, size: int, threads: int) -> list[Driver]:
+    def _drivers_for(self, network: object, size: int, threads: int, slot: int) -> list[Driver]:
         pipeline = default_pipeline(network) if self.pipeline is None else self.pipeline
-        drivers = self._drivers
+        drivers = self._driver_sets[slot]
         if len(drivers) != threads or any(d.capacity != size or d.pipeline != pipeline for d in drivers):
             for driver in drivers:
                 driver.close()
-            drivers = self._drivers = [Driver(size, pipeline, speed=self._speed) for _ in range(threads)]
+            drivers = self._driver_sets[slot] = [Driver(size, pipeline, speed=self._speed) for _ in range(threads)]
         return drivers
 
     def _run_drivers(self, drivers: list[Driver], network: object, move: MoveSearch,

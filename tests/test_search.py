@@ -358,6 +358,52 @@ def test_a_deadline_before_the_first_evaluation_waits_for_it_rather_than_evaluat
     assert net.calls == 1          # the root once, not once more beside it
 
 
+class OneBlockedCall(FakeNetwork):
+    """Call ``blocked`` (counted from 1) waits for ``release``; every other call answers at once."""
+
+    def __init__(self, blocked=2):
+        super().__init__()
+        self.blocked = blocked
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def evaluate(self, planes):
+        self.calls += 1
+        if self.calls == self.blocked:
+            self.entered.set()
+            assert self.release.wait(TIMEOUT), "never released"
+        self.calls -= 1
+        return super().evaluate(planes)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_new_search_does_not_wait_for_the_last_ones_batch_at_the_network(threads):
+    """A search stopped with a batch at the network: the next search searches at once with the
+    other set of batches, while that call is still under way (it used to wait for it: on a network
+    of 50 ms a call, a third of a go movetime 200 went by before its first batch)."""
+    net = OneBlockedCall()
+    s = Searcher(lambda: net, SearchParams(minibatch_size=8, search_threads=threads))
+    first = Recorder()
+    s.start(Board(), GoParams(infinite=True), first.info, first.best)
+    assert net.entered.wait(TIMEOUT)
+    s.stop()
+    assert first.results and first.results[0].best in Board().legal_moves()
+    board = Board()
+    board.push_uci("e2e4")
+    second = Recorder()
+    s.start(board, GoParams(nodes=60), second.info, second.best)
+    try:
+        assert second.done.wait(TIMEOUT), "the new search waited for the old one's batch"
+        assert not net.release.is_set() and second.results[0].nodes >= 60
+        assert second.results[0].best in board.legal_moves()
+    finally:
+        net.release.set()
+    s.wait(TIMEOUT)
+    # And a third search after both: the sets are reused, nothing is left at the network.
+    rec = run(s, Board(), GoParams(nodes=40))
+    assert rec.results[0].nodes >= 40
+
+
 @pytest.mark.parametrize("how", ["multipv", "analysis"])
 def test_analysis_searches_the_whole_movetime(how):
     """With MultiPV above 1 or UCI_AnalyseMode smart pruning is off: analyse(Limit(time=2),
