@@ -24,7 +24,8 @@ from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
 
 from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
                            unmake_move, in_check, gives_check, insufficient_material, move_to_uci)
-from engine.encoding cimport encode_planes_over, policy_priors, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS, HISTORY_PLANES
+from engine.encoding cimport (encode_planes_over, encode_planes_over_format, format_supported, policy_priors,
+                              policy_priors_format, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS, HISTORY_PLANES)
 
 cnp.import_array()
 
@@ -677,7 +678,10 @@ cdef void _backup_leaf(Leaf* lf, const Pos* p, const uint32_t* paths, const Move
     cdef int n = lf.nmoves, i
     cdef float wl = wdl[0] - wdl[2]
     cdef CacheEntry* ce
-    policy_priors(p, moves, n, logits, t.params.policy_temperature, priors)
+    if t.input_format == 1:
+        policy_priors(p, moves, n, logits, t.params.policy_temperature, priors)
+    else:
+        policy_priors_format(p, moves, n, logits, t.params.policy_temperature, t.input_format, priors)
     if t.cache != NULL and t.cache_size:
         ce = &t.cache[lf.cache_key % t.cache_size]
         if ce.priors == NULL or ce.cap < n:
@@ -788,6 +792,7 @@ cdef class Tree:
         self.core.stack = <Undo*>malloc(self.core.cap_stack * sizeof(Undo))
         if self.core.nodes == NULL or self.core.edges == NULL or self.core.stack == NULL:
             raise MemoryError()
+        self.core.input_format = 1
         _clear_pools(&self.core)
 
     def __dealloc__(self):
@@ -816,6 +821,26 @@ cdef class Tree:
             checked[name] = row.check(value)
         for name, value in checked.items():
             _set_param(&self.core.params, name, value)
+
+    @property
+    def input_format(self):
+        """lc0's input format (engine.encoding.INPUT_FORMATS) of the network the tree is searched
+        with: the leaves' planes are written in it and the network's policy read through its
+        canonical transform. Its evaluations are of that format, so a change empties the tree (the
+        caller clears an NN cache shared with it)."""
+        return self.core.input_format
+
+    @input_format.setter
+    def input_format(self, int value):
+        if not format_supported(value):
+            raise ValueError(f"unknown lc0 input format {value}; the encoder writes 1, 2, 3, 4, 5, 132 and 133")
+        if value != self.core.input_format:
+            self._check_no_pending()
+            self.core.input_format = value
+            game = self.game
+            _clear_pools(&self.core)
+            self.game = None
+            self.set_position(game if game is not None else Board())
 
     def settings(self):
         """The settings in force, by name, as the tree holds them (float32)."""
@@ -1653,10 +1678,14 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
             memcpy(&batch.moves[batch.n_moves], moves, n * sizeof(Move))
             batch.n_moves += n
             batch.positions[batch.size] = pos
-            if batch.encode:
+            if batch.encode and t.input_format == 1:
                 encode_planes_over(&pos, t.stack, t.root_ply + depth, t.start_ep,
                                    batch.planes_ptr + batch.size * PLANE_FLOATS,
                                    batch.written + batch.size * HISTORY_PLANES)
+            elif batch.encode:
+                encode_planes_over_format(&pos, t.stack, t.root_ply + depth, t.start_ep, t.input_format,
+                                          batch.planes_ptr + batch.size * PLANE_FLOATS,
+                                          batch.written + batch.size * HISTORY_PLANES)
             batch.size += 1
             t.pending += 1
             node.flags |= NODE_PENDING

@@ -93,6 +93,9 @@ import numpy as np
 from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import PLANES, POLICY_SIZE
 from engine.lc0 import Lc0Error, is_lc0_file, lc0_to_onnx, read_lc0
+
+#: The ONNX metadata key that names the lc0 input format a network reads (absent: format 1).
+INPUT_FORMAT_KEY = "cyzero.input_format"
 from engine.sessions import (
     BACKENDS,
     CPU,
@@ -203,6 +206,9 @@ class Network:
         processor has it in hardware; see :func:`engine.sessions.openvino_precision`).
     cuda_options
         Extra CUDA provider options (see :class:`engine.sessions.SessionFactory`).
+    value_head, policy_head
+        Which heads of an lc0 multihead file play (None: lc0's ``winner`` and ``vanilla``; see
+        :func:`engine.lc0.read_lc0`); other files have one of each and ignore them.
     session_factory
         What makes the sessions (default: ONNX Runtime's); the GPU stand-in
         ``engine.tools.gpu_standin.SimulatedGPU`` takes its place in tests
@@ -269,6 +275,8 @@ class Network:
         batch_sizes: Sequence[int] | None = None,
         cuda_options: dict | None = None,
         precision: str | None = None,
+        value_head: str | None = None,
+        policy_head: str | None = None,
         session_factory=None,
     ) -> None:
         self.path = os.fspath(path)
@@ -286,7 +294,7 @@ class Network:
         self.intra_threads = intra_threads or 0
         self.inter_threads = inter_threads or 1
         self.max_batch = max_batch
-        data = self._read(expected_sha256)
+        data = self._read(expected_sha256, value_head, policy_head)
         self._factory = session_factory or SessionFactory(
             device_id=self.device_id, intra_threads=self.intra_threads,
             inter_threads=self.inter_threads, allow_spinning=allow_spinning,
@@ -334,7 +342,8 @@ class Network:
 
     # ------------------------------------------------------------------ loading
 
-    def _read(self, expected_sha256: str | None) -> bytes:
+    def _read(self, expected_sha256: str | None, value_head: str | None = None,
+              policy_head: str | None = None) -> bytes:
         if not os.path.exists(self.path):
             raise NetworkError(f"network file not found: {self.path}")
         if os.path.isdir(self.path):
@@ -361,7 +370,7 @@ class Network:
             # An lc0 weights file: the graph is built from it in memory (the sha256 stays the
             # file's, so hot-swap and the trainer's contract treat it like any network file).
             try:
-                self._lc0 = read_lc0(data, self.name)
+                self._lc0 = read_lc0(data, self.name, value_head=value_head, policy_head=policy_head)
             except Lc0Error as e:
                 raise NetworkError(str(e)) from None
             self.lc0_description = self._lc0.description
@@ -466,6 +475,27 @@ class Network:
         self.has_mlh = MLH_NAME in self._output_dtypes
         self.metadata: dict[str, str] = dict(s.metadata)
         self.producer = s.producer
+        self.input_format = self._input_format()
+
+    def _input_format(self) -> int:
+        """lc0's input format the network reads (engine.encoding.INPUT_FORMATS), which the search
+        and ``cyzero eval`` encode with: an lc0 file says it; an ONNX file in its metadata
+        (INPUT_FORMAT_KEY), else it is the classical format 1."""
+        from engine.encoding import INPUT_FORMATS
+
+        if self._lc0 is not None:
+            return self._lc0.input_format
+        text = self.metadata.get(INPUT_FORMAT_KEY)
+        if text is None:
+            return 1
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value not in INPUT_FORMATS:
+            raise NetworkError(f"{self.name}: metadata {INPUT_FORMAT_KEY} is {text!r}, not one of lc0's input "
+                               f"formats {', '.join(map(str, INPUT_FORMATS))}")
+        return value
 
     def _size(self) -> str:
         """``"10x128"`` (blocks x filters) from a cyzero export's metadata, else ``""``."""

@@ -790,8 +790,12 @@ class MultiSearch:
         keyed = dict(games) if isinstance(games, Mapping) else dict(enumerate(games))
         start = self.clock()
         searches = {}
+        input_format = getattr(self.network, "input_format", 1)
         for key, (board, go) in keyed.items():
             tree = self._tree(key)
+            if tree.input_format != input_format:   # a network of another format: nothing kept applies
+                self.cache.clear()
+                tree.input_format = input_format
             go = replace(go, searchmoves=[m for m in go.searchmoves if board.is_legal(m)])
             root_tree(tree, board, go)
             budget = self._timemans[key].budget(go, board.turn, board.ply())
@@ -1159,6 +1163,12 @@ class Searcher:
         self._network_failure = None
         move.network_ready = True
         marks["network ready"] = time.monotonic()
+        input_format = getattr(network, "input_format", 1)
+        if self.tree.input_format != input_format:
+            with self._tree_lock:    # the tree and the cache hold another format's evaluations
+                self.cache.clear()
+                self.tree.input_format = input_format
+                root_tree(self.tree, move.board, move.go)
         if not move.legal:
             # No move to play; still, go infinite / go ponder end only at stop (or ponderhit).
             while move.budget.until_stop and not stop.is_set() and not ponderhit.is_set():
@@ -1347,8 +1357,10 @@ class Searcher:
             else:
                 from engine.encoding import encode_board, legal_policy
 
-                policy = self._network().evaluate(encode_board(board)[None])[0]
-                moves, probabilities = legal_policy(board, policy[0])
+                network = self._network()
+                input_format = getattr(network, "input_format", 1)
+                policy = network.evaluate(encode_board(board, input_format=input_format)[None])[0]
+                moves, probabilities = legal_policy(board, policy[0], input_format=input_format)
                 priors = dict(zip(moves, probabilities.tolist()))
             move = max(allowed, key=lambda m: priors.get(m, -1.0))
         except Exception as exc:

@@ -87,3 +87,4 @@ cdef struct TreeCore:
     int n_root_filter
     CacheEntry* cache        # shared NN cache (may be NULL)
     uint32_t cache_size
+    int input_format         # lc0's input format of the network: the leaves' planes and priors

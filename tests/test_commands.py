@@ -99,6 +99,8 @@ CYZERO_CASES = {
                    "nodes/s"),
     "bench mates": (["bench", "mates", "--nodes", "1"], "%"),
     "match": (["match", "--engine2", RANDOM_MOVER, "--games", "2", "--nodes", "1"], "Elo difference"),
+    "eval": (["eval", os.path.join(REPO, "engine", "nets", "default.onnx"), "--positions",
+              os.path.join(REPO, "tests", "data", "eval-positions.jsonl")], '"policy": {'),
 }
 # Each cyzero-train subcommand and the test below that runs it.
 TRAIN_CASES = {

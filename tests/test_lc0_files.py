@@ -1,6 +1,6 @@
 """tests/lc0_files.py itself: the writer, its policy map and its reference forward pass.
 
-The files are read back with a tiny protobuf walker written here (not
+The files are read back with lc0_files' own tiny protobuf walker (not
 ``engine.lc0``, not the ``protobuf`` package).  The same walker reads the
 repository's lc0 fixture (``tests/data/lc0/``: a network ``cyzero-train export
 --lc0`` wrote, with lc0 v0.32.1's outputs for it) and, where a user has it, Maia
@@ -25,46 +25,13 @@ from lc0_files import CYZERO, EVALUATED_BY_LC0, Lc0Fixture, Lc0Spec, assert_play
     make_lc0, reference_forward
 
 
-# --------------------------------------------------------------------------- a tiny protobuf walker
-
-def _varint(buf, i):
-    value = shift = 0
-    while True:
-        if i >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
+# --------------------------------------------------------------------------- the protobuf walker
 
 def fields(buf):
-    """[(field, wire_type, value)]: ints for varint / fixed32 / fixed64, bytes for length-delimited."""
-    out, i = [], 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 5:
-            if i + 4 > len(buf):
-                raise ValueError("truncated fixed32")
-            value, i = struct.unpack_from("<I", buf, i)[0], i + 4
-        elif wire == 1:
-            if i + 8 > len(buf):
-                raise ValueError("truncated fixed64")
-            value, i = struct.unpack_from("<Q", buf, i)[0], i + 8
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            if i + n > len(buf):
-                raise ValueError("truncated length-delimited field")
-            value, i = bytes(buf[i:i + n]), i + n
-        else:
-            raise ValueError(f"wire type {wire}")
-        out.append((field, wire, value))
-    return out
+    """[(field, wire_type, value)]: ints for varint / fixed32 / fixed64, bytes for length-delimited
+    (lc0_files' walker, its fixed payloads read as unsigned ints)."""
+    return [(field, wire, struct.unpack("<I" if wire == 5 else "<Q", value)[0] if wire in (1, 5) else value)
+            for field, wire, _, value in L._fields(buf)]
 
 
 def one(buf, field):
@@ -94,6 +61,10 @@ def decode_layer(buf):
 
 CONV_FIELDS = {1: "weights", 2: "biases", 3: "bn_means", 4: "bn_stddivs", 5: "bn_gammas", 6: "bn_betas"}
 SE_FIELDS = {1: "w1", 2: "b1", 3: "w2", 4: "b2"}
+# An EncoderLayer's fields (its MHA's and FFN's in their own messages), named as lc0_files names them.
+ENCODER_FIELDS = {2: "ln1_gammas", 3: "ln1_betas", 5: "ln2_gammas", 6: "ln2_betas"}
+MHA_FIELDS = {1: "q_w", 2: "q_b", 3: "k_w", 4: "k_b", 5: "v_w", 6: "v_b", 7: "dense_w", 8: "dense_b"}
+FFN_FIELDS = {1: "dense1_w", 2: "dense1_b", 3: "dense2_w", 4: "dense2_b"}
 WEIGHT_CONVS = {1: "input", 3: "policy", 6: "value", 11: "policy1", 12: "moves_left"}
 WEIGHT_LAYERS = {4: "ip_pol_w", 5: "ip_pol_b", 7: "ip1_val_w", 8: "ip1_val_b", 9: "ip2_val_w", 10: "ip2_val_b",
                  13: "ip1_mov_w", 14: "ip1_mov_b", 15: "ip2_mov_w", 16: "ip2_mov_b", 25: "ip_emb_w", 26: "ip_emb_b",
@@ -101,8 +72,9 @@ WEIGHT_LAYERS = {4: "ip_pol_w", 5: "ip_pol_b", 7: "ip1_val_w", 8: "ip1_val_b", 9
 
 
 def decode_weights(buf):
-    """Flat float32 arrays keyed like lc0_files' weights, plus the raw other fields (27 encoders, 28 headcount)."""
-    flat, other, block = {}, {}, 0
+    """Flat float32 arrays keyed like lc0_files' weights (the attention policy's own encoder layers
+    included), plus the raw other fields (27 encoders, 28 headcount, 24 the policy encoders' heads)."""
+    flat, other, block, pol_encoder = {}, {}, 0, 0
 
     def conv(name, sub):
         for f, _, v in fields(sub):
@@ -121,6 +93,16 @@ def decode_weights(buf):
                 else:
                     conv(f"residual.{block}.conv{rf}", rv)
             block += 1
+        elif f == 21:
+            name = f"pol_encoder.{pol_encoder}"
+            for ef, _, ev in fields(v):
+                if ef in (1, 4):
+                    for sf, _, sv in fields(ev):
+                        part = "mha" if ef == 1 else "ffn"
+                        flat[f"{name}.{part}.{(MHA_FIELDS if ef == 1 else FFN_FIELDS)[sf]}"] = decode_layer(sv)
+                else:
+                    flat[f"{name}.{ENCODER_FIELDS[ef]}"] = decode_layer(ev)
+            pol_encoder += 1
         else:
             other.setdefault(f, []).append(v)
     return flat, other
@@ -348,7 +330,8 @@ def decode_fixture(fixture: Lc0Fixture) -> dict:
     """The fixture's weights as the walker here reads them (not engine.lc0)."""
     with open(fixture.need().pb, "rb") as f:
         top, weights, other = decode_net(gzip.decompress(f.read()))
-    assert top[1] == L.MAGIC and not other
+    assert top[1] == L.MAGIC
+    assert other == ({24: [fixture.spec.policy_encoder_heads]} if fixture.spec.policy_encoders else {})
     return weights
 
 

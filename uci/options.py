@@ -129,6 +129,10 @@ def engine_options() -> list[Option]:
     """
     return [
         Option("WeightsFile", "string", DEFAULT_WEIGHTS),
+        # Which heads of an lc0 multihead network (Leela's transformers) play, as lc0's backend
+        # options policy_head and value_head choose them; other networks have one of each.
+        Option("ValueHead", "string", "winner"),
+        Option("PolicyHead", "string", "vanilla"),
         Option("Backend", "combo", "auto", choices=("auto", "cuda", "tensorrt", "openvino", "cpu")),
         Option("GPU", "spin", 0, 0, 15),
         Option("Threads", "spin", default_threads(), 1, 512),

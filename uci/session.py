@@ -26,7 +26,9 @@ AUTHOR = "the cyzero developers"
 
 # Options that change how the network is built: a change that matters starts a reload at once
 # (engine.network_manager.NetworkManager.reconfigure), which isready waits for.
-_NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize"}
+_NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize", "valuehead", "policyhead"}
+# The heads a multihead network plays unless ValueHead / PolicyHead say otherwise (lc0's defaults).
+_DEFAULT_HEADS = {"value_head": "winner", "policy_head": "vanilla"}
 # How long quit waits for a stopped search's bestmove (it comes at once; this only bounds a hang).
 _QUIT_WAIT_S = 5.0
 
@@ -424,8 +426,10 @@ def _network_batch(minibatch: int) -> dict:
 
 def _network_settings(options: Options) -> dict:
     """The options a network is built with, as NetworkManager takes them."""
+    heads = {key: options[option] for key, option in (("value_head", "ValueHead"), ("policy_head", "PolicyHead"))
+             if options[option] and options[option] != _DEFAULT_HEADS[key]}
     return dict(weights=options["WeightsFile"], backend=options["Backend"], device_id=options["GPU"],
-                threads=options["Threads"], network_options=_network_batch(options["MinibatchSize"]))
+                threads=options["Threads"], network_options={**_network_batch(options["MinibatchSize"]), **heads})
 
 
 def _default_manager(options: Options, log: Callable[[str], None]):

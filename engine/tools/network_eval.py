@@ -3,7 +3,8 @@
 What lc0's ``VerboseMoveStats`` at ``go nodes 1`` shows a person who checks a network, without its
 rounding and without a search: for each position, the network's win/draw/loss, its moves left and
 the raw policy logit of every legal move, from the network file as it is (ONNX Runtime's CPU path
-in the file's own precision by default, so the numbers are the file's, not a faster variant's).
+in the file's own precision by default, so the numbers are the file's, not a faster variant's),
+the position encoded in the network's own input format (lc0's formats 1-5, 132, 133).
 
 Input, JSON Lines (``-`` reads stdin)::
 
@@ -48,6 +49,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
                         "outputs; the others may run a faster precision)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N",
                         help=f"positions per network call (default {DEFAULT_BATCH})")
+    parser.add_argument("--value-head", default=None, metavar="NAME",
+                        help="an lc0 multihead network's value head (default lc0's: winner)")
+    parser.add_argument("--policy-head", default=None, metavar="NAME",
+                        help="an lc0 multihead network's policy head (default lc0's: vanilla)")
     parser.set_defaults(func=main)
     return parser
 
@@ -103,10 +108,12 @@ def evaluate(network, boards: list) -> list[dict]:
 
     if not boards:
         return []
-    policy, wdl, mlh = network.evaluate(encode_boards(boards))
+    input_format = getattr(network, "input_format", 1)     # the network's own, as lc0 feeds it
+    policy, wdl, mlh = network.evaluate(encode_boards(boards, input_format=input_format))
     out = []
     for i, board in enumerate(boards):
-        logits = {move: float(policy[i, move_to_index(board, move)]) for move in board.legal_moves()}
+        logits = {move: float(policy[i, move_to_index(board, move, input_format=input_format)])
+                  for move in board.legal_moves()}
         out.append({"wdl": [float(x) for x in wdl[i]], "mlh": None if mlh is None else float(mlh[i]),
                     "policy": logits})
     return out
@@ -142,7 +149,8 @@ def main(args: argparse.Namespace) -> int:
     from engine.network import Network, NetworkError
 
     try:
-        network = Network(args.weights, backend=args.backend, log=lambda text: print(text, file=sys.stderr))
+        network = Network(args.weights, backend=args.backend, value_head=args.value_head,
+                          policy_head=args.policy_head, log=lambda text: print(text, file=sys.stderr))
     except (NetworkError, OSError) as e:
         print(f"cyzero eval: {e}", file=sys.stderr)
         return 2
