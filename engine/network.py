@@ -484,17 +484,20 @@ class Network:
         from engine.encoding import INPUT_FORMATS
 
         if self._lc0 is not None:
-            return self._lc0.input_format
-        text = self.metadata.get(INPUT_FORMAT_KEY)
-        if text is None:
-            return 1
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
+            value = self._lc0.input_format
+            said = f"its lc0 input format {value}"
+        else:
+            text = self.metadata.get(INPUT_FORMAT_KEY)
+            if text is None:
+                return 1
+            try:
+                value = int(text)
+            except ValueError:
+                value = None
+            said = f"metadata {INPUT_FORMAT_KEY} {text!r}"
         if value not in INPUT_FORMATS:
-            raise NetworkError(f"{self.name}: metadata {INPUT_FORMAT_KEY} is {text!r}, not one of lc0's input "
-                               f"formats {', '.join(map(str, INPUT_FORMATS))}")
+            raise NetworkError(f"{self.name}: {said} is none of lc0's input formats "
+                               f"{', '.join(map(str, INPUT_FORMATS))}")
         return value
 
     def _size(self) -> str:

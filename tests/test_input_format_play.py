@@ -138,3 +138,20 @@ def test_the_engine_plays_a_network_of_another_format_and_says_which(tmp_path):
         lines, best = eng.go("nodes 60")
         assert chess.Move.from_uci(best.split()[1]) in board.legal_moves, lines
         assert not eng.bad
+
+
+@pytest.mark.parametrize("input_format", [1, 3, 133, 99])
+def test_an_onnx_model_inside_an_lc0_file_reads_the_files_input_format(tmp_path, input_format):
+    """lc0 files that hold an ONNX model (network format 5) play in the input format the file says;
+    one lc0 does not have is refused at load, naming it, not at the first search."""
+    from engine.network import Network, NetworkError
+    from lc0_files import wrap_onnx, write_bytes
+
+    with open(os.path.join(REPO, "engine", "nets", "default.onnx"), "rb") as f:
+        model = f.read()
+    path = write_bytes(str(tmp_path / "wrapped.pb.gz"), with_input_format(wrap_onnx(model), input_format))
+    if input_format == 99:
+        with pytest.raises(NetworkError, match="99"):
+            Network(path, backend="cpu")
+    else:
+        assert Network(path, backend="cpu").input_format == input_format
