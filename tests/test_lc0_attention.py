@@ -26,8 +26,9 @@ from engine.encoding import encode_board, encode_position
 from engine.lc0 import PE_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
 from engine.network import POLICY_SIZE, Network, NetworkError
 import lc0_files
-from lc0_files import ATTENTION_BODIES, BODY_MULTIHEAD, BODY_PE_MAP, LC0_TOLERANCE, Lc0Spec, assert_plays_as_lc0, \
-    make_lc0, pos_encoding, random_planes, reference_forward, truncated, write_bytes, write_lc0
+from lc0_files import ATTENTION_BODIES, BODY_MULTIHEAD, BODY_PE_MAP, EVALUATED_BY_LC0, LC0_TOLERANCE, Lc0Spec, \
+    assert_plays_as_lc0, fixture_params, make_lc0, pos_encoding, random_planes, reference_forward, truncated, \
+    write_bytes, write_lc0
 from test_lc0 import _openvino_params
 from test_uci_harness import REPO, UciEngine
 
@@ -319,3 +320,18 @@ def test_the_uci_options_choose_the_heads_and_a_missing_one_is_named(tmp_path):
         eng.send("position startpos")
         lines, best = eng.go("nodes 30")
         assert best.split()[1] not in ("0000", "(none)") and not [line for line in lines if "error" in line]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", fixture_params(*EVALUATED_BY_LC0, *ATTENTION_BODIES))
+def test_cuda_plays_each_lc0_structure_as_lc0_evaluates_it(fixture):
+    """On a GPU (CUDA, in float16 as lc0 runs there) every structure and input format of the fixtures
+    still plays as lc0 evaluated it, within float16's error (make gpu-check runs it)."""
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu's CUDA provider is not installed here (make engine GPU=1)")
+    network = Network(fixture.need().pb, backend="cuda")
+    assert network.provider == "CUDAExecutionProvider"
+    expected = fixture.lc0()
+    planes = np.stack([encode_position(p["fen"]) for p in expected["positions"]])
+    assert_plays_as_lc0(expected, *network.evaluate(planes), tolerance={"v": 0.01, "d": 0.01, "m": 0.5, "p": 0.5})
