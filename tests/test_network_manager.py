@@ -7,6 +7,7 @@ the lines it writes.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -173,3 +174,32 @@ def test_trainer_keys_over_uci(tmp_path, curve_daemon):
                 time.sleep(0.05)
         finally:
             good.close()
+
+
+def test_new_settings_rebuild_a_trainers_generation_as_that_generation(tmp_path):
+    """Threads changed while a trainer's network is in use: the reload builds that network again
+    (its local file, its generation and run kept), not the WeightsFile; settings that build the
+    same network (GPU on the CPU) reload nothing."""
+    from weights_helpers import CountingLoader, make_manager
+
+    gen = tmp_path / "gen4.onnx"
+    gen.write_bytes(B)
+    loader = CountingLoader()
+    from engine.weights import default_weights_path
+
+    int8 = os.path.join(os.path.dirname(default_weights_path()), "default.int8.onnx")
+    manager = make_manager(int8, lambda line: None, loader=loader, watch=False)
+    try:
+        manager.get()
+        candidate = manager.swap._build(str(gen), sha(B), generation=4, run="r9", reported_path="/far/gen4.onnx")
+        manager.swap._offer(candidate)
+        assert manager.apply_pending() and manager.generation == 4
+        assert not manager.reconfigure(manager.path, backend="cpu", device_id=3, threads=1,
+                                       network_options=manager._builder.options)     # GPU on the CPU
+        assert manager.reconfigure(manager.path, backend="cpu", device_id=0, threads=2,
+                                   network_options=manager._builder.options)
+        assert manager.wait_reloaded(WAIT) and manager.apply_pending()
+        assert (manager.generation, manager.in_use.run, manager.network_path) == (4, "r9", "/far/gen4.onnx")
+        assert loader.calls[-1][0] == str(gen) and manager.get().intra_threads == 2
+    finally:
+        manager.close()

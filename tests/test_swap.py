@@ -192,3 +192,56 @@ def test_close_drops_the_pending_network_and_keeps_the_one_in_use(swap):
         swap.get()
     swap.loader_thread.join(WAIT)
     assert not swap.loader_thread.is_alive()
+
+
+# --------------------------------------------------------------------------- reloads for new settings
+
+
+def reload(name, sha="c" * 64, build=None, failed=None) -> Proposal:
+    return Proposal(f"/nets/{name}", None, ("reload", name),
+                    load=build or (lambda: Candidate(Net(f"/nets/{name}"), sha, f"/nets/{name}")), failed=failed)
+
+
+def test_a_reload_is_built_beside_the_network_in_use_and_waited_for(swap):
+    """A reload (new Backend/Threads...) is built on the loader while the network in use plays on;
+    wait_reloaded (isready) returns once it is pending; it switches only at apply_pending."""
+    net = swap.get()
+    gate = threading.Event()
+
+    def slow():
+        assert gate.wait(WAIT)
+        return Candidate(Net("/nets/rebuilt.onnx"), "c" * 64, "/nets/rebuilt.onnx")
+
+    assert swap.propose(reload("rebuilt.onnx", build=slow))
+    assert swap.reloading() and not swap.wait_reloaded(0.05)      # still being built
+    assert swap.get() is net                                     # the network in use plays on
+    gate.set()
+    assert swap.wait_reloaded(WAIT) and not swap.reloading()
+    assert swap.get() is net and swap.apply_pending()
+    assert swap.get().name == "/nets/rebuilt.onnx"
+    assert not [line for line in swap.log.lines if "verified" in line]   # the switch line says it
+
+
+def test_a_watchers_proposal_never_displaces_a_waiting_reload(swap):
+    swap.get()
+    swap.build.gate = gate = threading.Event()
+    assert swap.propose(proposal("busy.onnx", "b" * 64))     # occupies the loader
+    assert swap.build.started.wait(WAIT)
+    assert swap.propose(reload("rebuilt.onnx"))
+    assert not swap.propose(proposal("late.onnx", "d" * 64))  # refused: the reload waits
+    assert swap.propose(reload("newer.onnx", sha="e" * 64))   # a newer reload replaces the older
+    gate.set()
+    assert swap.wait_reloaded(WAIT) and swap.apply_pending()
+    assert swap.current.path == "/nets/newer.onnx" and "/nets/late.onnx" not in [c[0] for c in swap.build.calls]
+
+
+def test_a_failed_reload_is_said_its_way_and_the_network_in_use_stays(swap):
+    net = swap.get()
+
+    def broken():
+        raise NetworkError("WeightsFile /x.onnx: not an ONNX model")
+
+    assert swap.propose(reload("x.onnx", build=broken, failed=lambda why: f"{why}; keeping network first"))
+    assert swap.wait_reloaded(WAIT)
+    assert swap.log.lines[-1] == "WeightsFile /x.onnx: not an ONNX model; keeping network first"
+    assert not swap.apply_pending() and swap.get() is net
