@@ -24,8 +24,8 @@ from libc.stdint cimport uint64_t, uint32_t, uint16_t, uint8_t, int64_t
 
 from engine.board cimport (Board, Pos, Undo, Move, MAX_MOVES, BLACK, WHITE, gen_legal, make_move,
                            unmake_move, in_check, gives_check, insufficient_material, move_to_uci)
-from engine.encoding cimport (encode_planes_over, encode_planes_over_format, format_supported, policy_priors,
-                              policy_priors_format, INPUT_PLANES, POLICY_MOVES, PLANE_FLOATS, HISTORY_PLANES)
+from engine.encoding cimport (encode_planes_over_format, format_supported, policy_priors_format, INPUT_PLANES,
+                              POLICY_MOVES, PLANE_FLOATS, HISTORY_PLANES)
 
 cnp.import_array()
 
@@ -678,10 +678,8 @@ cdef void _backup_leaf(Leaf* lf, const Pos* p, const uint32_t* paths, const Move
     cdef int n = lf.nmoves, i
     cdef float wl = wdl[0] - wdl[2]
     cdef CacheEntry* ce
-    if t.input_format == 1:
-        policy_priors(p, moves, n, logits, t.params.policy_temperature, priors)
-    else:
-        policy_priors_format(p, moves, n, logits, t.params.policy_temperature, t.input_format, priors)
+    # Format 1 (and a position no transform applies to) goes straight to the classical path.
+    policy_priors_format(p, moves, n, logits, t.params.policy_temperature, t.input_format, priors)
     if t.cache != NULL and t.cache_size:
         ce = &t.cache[lf.cache_key % t.cache_size]
         if ce.priors == NULL or ce.cap < n:
@@ -1678,11 +1676,7 @@ cdef int _gather_paths(TreeCore* t, Batch batch, int max_leaves, int max_visits,
             memcpy(&batch.moves[batch.n_moves], moves, n * sizeof(Move))
             batch.n_moves += n
             batch.positions[batch.size] = pos
-            if batch.encode and t.input_format == 1:
-                encode_planes_over(&pos, t.stack, t.root_ply + depth, t.start_ep,
-                                   batch.planes_ptr + batch.size * PLANE_FLOATS,
-                                   batch.written + batch.size * HISTORY_PLANES)
-            elif batch.encode:
+            if batch.encode:
                 encode_planes_over_format(&pos, t.stack, t.root_ply + depth, t.start_ep, t.input_format,
                                           batch.planes_ptr + batch.size * PLANE_FLOATS,
                                           batch.written + batch.size * HISTORY_PLANES)

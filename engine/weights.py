@@ -39,7 +39,7 @@ __all__ = [
     "weights_path",
 ]
 
-DEFAULT_WEIGHTS = "<default>"  # the UCI option value that names the bundled network
+DEFAULT_WEIGHTS = "<default>"  # names the bundled network (as does an empty value, the UCI default)
 
 _logger = logging.getLogger(__name__)
 
