@@ -1075,6 +1075,38 @@ BODY_PE_MAP = Lc0Fixture(
 ATTENTION_BODIES = (BODY_MULTIHEAD, BODY_PE_MAP)
 
 
+#: An attention body that cyzero's trainer wrote (trainer.model's ``bt-32x2x2h``, ``export --lc0``), with
+#: lc0 v0.32.1's outputs for it (docs/recipes/lc0-transformer-fixture.py): :func:`trainer_transformer`
+#: rebuilds the PyTorch network the file was written from.
+TRAINER_BODY = Lc0Fixture(
+    "cyzero-trainer-bt-32x2x2h", os.path.join(REPO, "tests", "data", "lc0"),
+    Lc0Spec(attention_body=True, filters=32, blocks=2, heads=2, policy="attention", moves_left=True,
+            activation="mish", smolgen_activation="swish", embedding="pe_dense", multihead=True),
+    "lc0 network attention body 32x2x2h, smolgen, PE dense embedding, input gating, classical 112-plane "
+    "input, attention policy (head vanilla of vanilla), WDL value (head winner of winner), moves-left head, "
+    "Mish, FFN Mish, smolgen swish", files=("pb", "json"), recipe="docs/recipes/lc0-transformer-fixture.py")
+TRAINER_BODY_SEED = 71
+
+
+def trainer_transformer():
+    """:data:`TRAINER_BODY`'s network: ``bt-32x2x2h`` with small heads and one positional channel (a
+    small file), initialised from seed 71, then every parameter moved by N(0, 0.05) drawn from a
+    generator of the same seed, so that its policy and value are far from a fresh network's
+    near-uniform ones (and the layer norms and gates from 1 and 0)."""
+    import torch
+
+    from trainer.model import NetConfig, build_net
+
+    config = NetConfig.from_name("bt-32x2x2h", value_channels=4, value_hidden=32, mlh_channels=4, mlh_hidden=16,
+                                 pe_channels=1)
+    net = build_net(config, seed=TRAINER_BODY_SEED).eval()
+    generator = torch.Generator().manual_seed(TRAINER_BODY_SEED)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    return net
+
+
 #: Every fixture with lc0's own evaluation: the residual ones with their lc0 export, and the
 #: attention-policy ones (not exported by lc0 v0.32.1, nor by cyzero's trainer).
 EVALUATED_BY_LC0 = (CYZERO, MAIA, ATTENTION_POLICY, ATTENTION_POLICY_ENCODERS)
@@ -1230,7 +1262,7 @@ def remake_fixtures(description: str, fixtures: Dict[str, Tuple[Lc0Spec, Optiona
 
 __all__: List[str] = [
     "ACTIVATIONS", "ATTENTION_BODIES", "ATTENTION_POLICY", "ATTENTION_POLICY_ENCODERS", "BN_EPSILON", "BODY_MULTIHEAD", "BODY_PE_MAP", "CYZERO", "EVALUATED_BY_LC0", "ENCODINGS", "LC0_TOLERANCE", "Lc0Fixture", "Lc0Spec", "MAGIC",
-    "MAIA", "POLICY_MAP", "assert_plays_as_lc0", "conv2d", "conv_block", "fixture_params",
+    "MAIA", "POLICY_MAP", "TRAINER_BODY", "trainer_transformer", "assert_plays_as_lc0", "conv2d", "conv_block", "fixture_params",
     "lc0_evaluations", "shares", "ATTENTION_POSITIONS", "POLICY_TEMPERATURE", "remake_fixtures", "write_fixture",
     "encode_layer", "f_bytes", "f_fixed32", "f_float", "f_string", "f_varint", "format_message", "input_format_of",
     "make_lc0", "with_input_format",

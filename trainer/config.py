@@ -70,22 +70,25 @@ def _f(default, doc: str, *, choices: tuple | None = None, min: float | None = N
 class ModelConfig:
     """The network's shape (:class:`trainer.model.NetConfig`); fixed for the life of a run."""
 
-    net: str = _f("6x64", "residual blocks x filters, e.g. 6x64, 10x128, 20x256")
+    net: str = _f("6x64", "residual blocks x filters, e.g. 6x64, 10x128, 20x256; or an attention body "
+                  "bt-EMBEDDINGxLAYERSxHEADSh, e.g. bt-64x6x4h (lc0's BT structure)")
     se_ratio: int = _f(4, "squeeze-excitation reduction: SE hidden width = filters / se_ratio", min=1)
     policy_head: str = _f("conv", "policy head: conv (lc0's 73-plane conv head) or fc (1x1 conv + linear)",
                           choices=("conv", "fc"))
     moves_left: bool = _f(True, "train and export the moves-left head (/output/mlh)")
     se: bool = _f(True, "a squeeze-excitation unit in every residual block (false: plain residual blocks, "
                   "as some lc0 nets)")
-    activation: str = _f("relu", "the activation of every hidden layer: relu, or mish (as some lc0 nets)",
-                         choices=("relu", "mish"))
+    activation: str = _f("", "the activation of every hidden layer: relu, or mish (as some lc0 nets); empty: "
+                         "the family's, relu for a residual tower, mish for an attention body",
+                         choices=("", "relu", "mish"))
     policy_channels: int = _f(32, "fc policy head: channels of its 1x1 convolution", min=1)
     value_channels: int = _f(32, "value head: channels of its 1x1 convolution", min=1)
     value_hidden: int = _f(128, "value head: width of its hidden linear layer", min=1)
     mlh_channels: int = _f(8, "moves-left head: channels of its 1x1 convolution", min=1)
     mlh_hidden: int = _f(128, "moves-left head: width of its hidden linear layer", min=1)
-    mlh_activation: str = _f("softplus", "moves-left head: its output's activation, softplus or relu (lc0's)",
-                             choices=("softplus", "relu"))
+    mlh_activation: str = _f("", "moves-left head: its output's activation, softplus or relu (lc0's); empty: "
+                             "the family's, softplus for a residual tower, relu for an attention body",
+                             choices=("", "softplus", "relu"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,8 +339,11 @@ def _check_value(key: str, field: dataclasses.Field, kind, value):
 
 
 def _model_name_ok(name: str) -> bool:
-    match = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", name, re.IGNORECASE)
-    return match is not None and int(match.group(1)) >= 1 and int(match.group(2)) >= 1
+    """``BxF`` (a residual tower) or ``bt-ExLxHh`` (an attention body), every number at least 1
+    (trainer.model.NetConfig.from_name parses them; this module does not import torch)."""
+    match = (re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", name, re.IGNORECASE)
+             or re.fullmatch(r"\s*bt-(\d+)x(\d+)x(\d+)h\s*", name, re.IGNORECASE))
+    return match is not None and all(int(g) >= 1 for g in match.groups())
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:
@@ -362,7 +368,8 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
         sections[name] = cls(**checked)
     config = TrainConfig(**sections)
     if not _model_name_ok(config.model.net):
-        raise ValueError(f"config key model.net must be BLOCKSxFILTERS such as 6x64, got {config.model.net!r}")
+        raise ValueError("config key model.net must be BLOCKSxFILTERS such as 6x64, or an attention body "
+                         f"bt-EMBEDDINGxLAYERSxHEADSh such as bt-64x4x4h, got {config.model.net!r}")
     if config.gating.elo1 <= config.gating.elo0:
         raise ValueError(f"config key gating.elo1 must be > gating.elo0 ({config.gating.elo0}), "
                          f"got {config.gating.elo1}")

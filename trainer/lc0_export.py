@@ -8,6 +8,10 @@ classical networks (Maia's files are the model): every convolution followed by b
 last) has ``weights`` and ``biases``; dense layers are ``Layer`` pairs [out, in] and [out].
 :func:`write_lc0` gzips it and writes it atomically.
 
+An attention body (``bt-...``) is written as Leela's BT3/BT4 files are: network format 7 (multihead)
+with the PE-dense embedding, one value head (``winner``) and one policy head (``vanilla``) with the
+shared policy embedding, smolgen's global weights, Mish, smolgen swish, the FFN's activation.
+
 Where cyzero's network differs from lc0's layout, the writer converts exactly or refuses:
 
 * The rule50 plane: cyzero's graph divides it by 100 before the stem, lc0 feeds the raw
@@ -192,9 +196,81 @@ def _weights(net: Net, moves_left: bool) -> bytes:
     return out
 
 
+#: net.proto's ActivationFunction numbers of the attention body's activations.
+_FUNCTION_NUMBERS = {"mish": 1, "relu": 2, "selu": 6, "swish": 7, "relu2": 8}
+
+
+def _linear(module: nn.Linear, w_field: int, b_field: int | None = None, weight: torch.Tensor | None = None) -> bytes:
+    """A dense layer's weights [out, in] (and biases) at its two fields."""
+    out = _length_delimited(w_field, _layer(module.weight if weight is None else weight))
+    return out + (_length_delimited(b_field, _layer(module.bias)) if b_field is not None else b"")
+
+
+def _norm_fields(ln: nn.LayerNorm, g_field: int, b_field: int) -> bytes:
+    return _length_delimited(g_field, _layer(ln.weight)) + _length_delimited(b_field, _layer(ln.bias))
+
+
+def _ffn(dense1: nn.Linear, dense2: nn.Linear) -> bytes:
+    """An FFN message: dense1_w 1, dense1_b 2, dense2_w 3, dense2_b 4."""
+    return _linear(dense1, 1, 2) + _linear(dense2, 3, 4)
+
+
+def _encoder_layer(layer) -> bytes:
+    """An EncoderLayer: mha 1 (q, k, v, dense at 1-8, smolgen 9), ln1 2-3, ffn 4, ln2 5-6."""
+    mha = _linear(layer.q, 1, 2) + _linear(layer.k, 3, 4) + _linear(layer.v, 5, 6) + _linear(layer.out, 7, 8)
+    sg = layer.smolgen
+    if sg is not None:
+        mha += _length_delimited(9, _linear(sg.compress, 1) + _linear(sg.dense1, 2, 3) + _norm_fields(sg.ln1, 4, 5)
+                                 + _linear(sg.dense2, 6, 7) + _norm_fields(sg.ln2, 8, 9))
+    return (_length_delimited(1, mha) + _norm_fields(layer.ln1, 2, 3) + _length_delimited(4, _ffn(layer.ffn1, layer.ffn2))
+            + _norm_fields(layer.ln2, 5, 6))
+
+
+def _body_weights(net: Net, moves_left: bool) -> bytes:
+    """An attention body's ``Weights`` as BT3/BT4 files hold them (network format 7: the PE-dense
+    embedding, ``ValueHeads`` with ``winner``, ``PolicyHeads`` with ``vanilla`` and the shared
+    policy embedding). The rule50 input's embedding weights are divided by 100, as the stem's are."""
+    b = net.body
+    emb = b.embedding.weight.detach().double().clone()
+    emb[:, RULE50_PLANE] *= RULE50_SCALE
+    out = (_linear(b.preproc, 37, 38) + _linear(b.embedding, 25, weight=emb)
+           + _length_delimited(26, _layer(b.embedding.bias)) + _norm_fields(b.embedding_ln, 39, 40)
+           + _length_delimited(33, _layer(b.mult_gate.T)) + _length_delimited(34, _layer(b.add_gate.T))
+           + _length_delimited(41, _ffn(b.ffn1, b.ffn2)) + _norm_fields(b.ffn_ln, 42, 43))
+    for layer in b.encoders:
+        out += _length_delimited(27, _encoder_layer(layer))
+    out += _uint(28, net.config.heads)
+    if b.generator is not None:
+        out += _length_delimited(35, _layer(b.generator.weight))
+    p = net.policy
+    vanilla = _linear(p.wq, 3, 4) + _linear(p.wk, 5, 6) + _length_delimited(7, _layer(p.promotion.weight))
+    out += _length_delimited(45, _linear(p.embedding, 1, 2) + _length_delimited(3, vanilla))
+    winner = _linear(net.value_embedding, 1, 2) + _linear(net.value_fc1, 3, 4) + _linear(net.value_fc2, 5, 6)
+    out += _length_delimited(44, _length_delimited(1, winner))
+    if moves_left:
+        out += _linear(net.mlh_embedding, 31, 32) + _linear(net.mlh_fc1, 13, 14) + _linear(net.mlh_fc2, 15, 16)
+    return out
+
+
+def _body_network_format(net: Net, moves_left: bool) -> bytes:
+    c = net.config
+    return (_uint(1, 1)                      # INPUT_CLASSICAL_112_PLANE
+            + _uint(2, 2)                    # OUTPUT_WDL
+            + _uint(3, 7)                    # NETWORK_ATTENTIONBODY_WITH_MULTIHEADFORMAT
+            + _uint(4, 3)                    # POLICY_ATTENTION
+            + _uint(5, 2)                    # VALUE_WDL
+            + _uint(6, 1 if moves_left else 0)
+            + (_uint(7, 1) if c.activation == "mish" else b"")   # DEFAULT_ACTIVATION_MISH
+            + _uint(8, _FUNCTION_NUMBERS["swish"])               # smolgen
+            + _uint(9, _FUNCTION_NUMBERS[c.ffn_activation])
+            + _uint(10, 2))                  # INPUT_EMBEDDING_PE_DENSE
+
+
 def _min_version(net: Net, moves_left: bool) -> tuple[int, int, int]:
     """The oldest lc0 that runs the file: conv policy and WDL need 0.21 (Maia's files say so),
     a moves-left head 0.26, Mish 0.28."""
+    if net.config.body == "attention":
+        return (0, 30, 0)    # BT3/BT4's format: multihead, PE dense, smolgen
     version = (0, 21, 0)
     for needed, minimum in ((moves_left, (0, 26, 0)), (net.config.activation == "mish", (0, 28, 0))):
         if needed:
@@ -218,13 +294,16 @@ def lc0_file_bytes(net: Net, include_moves_left: bool | None = None, license: st
     if moves_left and c.mlh_activation != "relu":
         raise Lc0ExportError(f"its moves-left head ends in {c.mlh_activation}, lc0's in ReLU, so lc0 would read "
                              "other moves-left values: leave the head out (--no-mlh)")
-    network_format = (_uint(1, 1)                      # INPUT_CLASSICAL_112_PLANE
-                      + _uint(2, 2)                    # OUTPUT_WDL
-                      + _uint(3, 4 if c.se else 3)     # NETWORK_SE_WITH_HEADFORMAT / CLASSICAL_WITH_HEADFORMAT
-                      + _uint(4, 2 if c.policy_head == "conv" else 1)  # POLICY_CONVOLUTION / CLASSICAL
-                      + _uint(5, 2)                    # VALUE_WDL
-                      + _uint(6, 1 if moves_left else 0)
-                      + (_uint(7, 1) if c.activation == "mish" else b""))  # DEFAULT_ACTIVATION_MISH
+    if c.body == "attention":
+        network_format = _body_network_format(net, moves_left)
+    else:
+        network_format = (_uint(1, 1)                      # INPUT_CLASSICAL_112_PLANE
+                          + _uint(2, 2)                    # OUTPUT_WDL
+                          + _uint(3, 4 if c.se else 3)     # NETWORK_SE_WITH_HEADFORMAT / CLASSICAL_WITH_HEADFORMAT
+                          + _uint(4, 2 if c.policy_head == "conv" else 1)  # POLICY_CONVOLUTION / CLASSICAL
+                          + _uint(5, 2)                    # VALUE_WDL
+                          + _uint(6, 1 if moves_left else 0)
+                          + (_uint(7, 1) if c.activation == "mish" else b""))  # DEFAULT_ACTIVATION_MISH
     fmt = _uint(1, LINEAR16) + _length_delimited(2, network_format)
     major, minor, patch = _min_version(net, moves_left)
     message = (_fixed32(1, MAGIC)
@@ -232,7 +311,8 @@ def lc0_file_bytes(net: Net, include_moves_left: bool | None = None, license: st
                + _length_delimited(3, _uint(1, major) + _uint(2, minor) + _uint(3, patch))
                + _length_delimited(4, fmt))
     with torch.no_grad():
-        return message + _length_delimited(10, _weights(net, moves_left))
+        weights = _body_weights(net, moves_left) if c.body == "attention" else _weights(net, moves_left)
+        return message + _length_delimited(10, weights)
 
 
 def write_lc0(net: Net, path: str | os.PathLike, message: bytes | None = None, **options) -> str:
@@ -262,7 +342,8 @@ def check_lc0_file(net: Net, message: bytes, planes: np.ndarray, masks: np.ndarr
     from trainer.lc0_import import compare_with_lc0, parity_failures
 
     lc0net = read_lc0(message, name)
-    if net.config.moves_left and not lc0net.weights.moves_left:  # the head was left out
+    has_head = lc0net.body.moves_left is not None if lc0net.body is not None else lc0net.weights.moves_left
+    if net.config.moves_left and not has_head:  # the head was left out
         net = _without_moves_left(net)
     numbers = compare_with_lc0(net, lc0net, planes, masks)
     failures = parity_failures(numbers, LC0_FILE_PARITY)

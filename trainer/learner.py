@@ -154,11 +154,12 @@ def check_cuda(spec: str, ids: Sequence[int] | None, flag: str = "--devices") ->
 def net_config(config: TrainConfig) -> NetConfig:
     """The :class:`NetConfig` the ``[model]`` section describes."""
     m = config.model
+    family = {key: value for key, value in (("activation", m.activation), ("mlh_activation", m.mlh_activation))
+              if value}  # empty: the family's own (NetConfig.from_name)
     return NetConfig.from_name(
         m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left, se=m.se,
-        activation=m.activation, policy_channels=m.policy_channels, value_channels=m.value_channels,
-        value_hidden=m.value_hidden, mlh_channels=m.mlh_channels, mlh_hidden=m.mlh_hidden,
-        mlh_activation=m.mlh_activation)
+        policy_channels=m.policy_channels, value_channels=m.value_channels,
+        value_hidden=m.value_hidden, mlh_channels=m.mlh_channels, mlh_hidden=m.mlh_hidden, **family)
 
 
 def model_section(config: NetConfig) -> dict[str, Any]:
@@ -318,11 +319,12 @@ def compute_losses(out: NetOutput, batch, cfg: LossConfig) -> dict[str, torch.Te
 
 def make_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """SGD (Nesterov) or AdamW; weight decay only on conv and linear weights (lc0's L2 term):
-    the first param group holds those, the second the batch-norm parameters and biases."""
+    the first param group holds those, the second the batch-norm and layer-norm parameters, the
+    biases and an attention body's input gates (a gain around 1 and a shift, not weights)."""
     decay: list[nn.Parameter] = []
     plain: list[nn.Parameter] = []
-    for param in model.parameters():
-        (decay if param.dim() > 1 else plain).append(param)
+    for name, param in model.named_parameters():
+        (decay if param.dim() > 1 and not name.endswith("_gate") else plain).append(param)
     groups = [{"params": decay}, {"params": plain}]
     if cfg.kind == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=cfg.lr)

@@ -22,6 +22,22 @@ does, instead of softplus). Their defaults leave a config's dict, a checkpoint a
 as they were before the fields existed (:meth:`NetConfig.to_dict` leaves them out at their
 defaults).
 
+The attention body (``"bt-EMBxLAYERSxHEADSh"``, ``NetConfig.body = "attention"``) is lc0's BT3/BT4
+structure, computed as lc0 v0.32.1's CPU backend computes it (engine/lc0.py builds the same graph from
+an lc0 file; :mod:`trainer.lc0_export` writes one)::
+
+    planes [N,112,8,8] -> [N, 64 squares, 112] (rule50 scaled as above)
+      -> PE-dense embedding: the first 12 planes of all squares -> linear -> P channels per square;
+         concat, linear (-> E), Mish, layer norm; input gates x * mult_gate + add_gate ([64, E]);
+         embedding FFN (E -> 2E -> E), DeepNorm skip and layer norm
+      -> L encoder layers: multi-head attention (H heads, smolgen's 64x64 bias per head from the
+         compressed squares and the net-wide generator), then the FFN, each branch scaled by
+         DeepNorm's alpha = (2L)^-1/4 before its skip and layer norm (epsilon 1e-3, post-norm)
+      -> attention policy: per-square embedding (Mish), queries and keys, from-to dot products and
+         the promotion offsets, gathered into the 1858 moves
+      -> value: per-square linear (-> 32), flattened, 128, 3 WDL logits; moves left likewise (-> 8,
+         128, 1, ReLU as lc0's)
+
 The squeeze-excitation unit is lc0's: global average pool -> linear (F -> F/r) ->
 ReLU -> linear (F/r -> 2F) split into ``gamma`` and ``beta``, and the block's output
 is ``sigmoid(gamma) * x + beta``.
@@ -40,6 +56,7 @@ that input needs (one scale for the whole tensor); it costs one elementwise Mul.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -60,12 +77,18 @@ RULE50_SCALE = 1.0 / 100.0
 CONV_POLICY_PLANES = 73
 
 _NAME_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
-_POLICY_HEADS = ("conv", "fc")
+_BODY_NAME_RE = re.compile(r"^\s*bt-(\d+)x(\d+)x(\d+)h\s*$", re.IGNORECASE)
+_POLICY_HEADS = ("conv", "fc", "attention")
 _ACTIVATIONS = ("relu", "mish")
 _MLH_ACTIVATIONS = ("softplus", "relu")
+#: The attention body's FFN and smolgen activations (net.proto's ActivationFunction names).
+_BODY_ACTIVATIONS = ("mish", "relu", "swish", "relu2", "selu")
 #: NetConfig fields added after checkpoints and exports existed: left out of ``to_dict`` at
 #: these defaults, so an unchanged config writes the dict it always wrote.
-_OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus"}
+_OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus", "body": "residual"}
+#: The attention body's own fields: a residual config's dict leaves them out.
+_BODY_FIELDS = ("heads", "ffn_hidden", "ffn_activation", "smolgen", "smolgen_channels", "smolgen_hidden",
+                "smolgen_gen", "pe_channels", "policy_embedding", "policy_d_model")
 
 _PROMO_PIECES = "qrb"
 
@@ -105,7 +128,9 @@ def policy_index_and_map() -> tuple[list[str], list[int]]:
 
 @dataclasses.dataclass(frozen=True)
 class NetConfig:
-    """Sizes of a :class:`Net`. ``NetConfig.from_name("10x128")`` for the usual ones."""
+    """Sizes of a :class:`Net`. ``NetConfig.from_name("10x128")`` for the usual ones, and
+    ``NetConfig.from_name("bt-64x4x4h")`` for an attention body (embedding 64, 4 encoder layers of
+    4 heads: ``filters`` is the embedding, ``blocks`` the encoder layers)."""
 
     blocks: int
     filters: int
@@ -120,15 +145,48 @@ class NetConfig:
     se: bool = True  # a squeeze-excitation unit in each residual block
     activation: str = "relu"  # "relu" or "mish": every activation but the outputs'
     mlh_activation: str = "softplus"  # the moves-left output's: "softplus" or "relu" (lc0's)
+    # The attention body (``body="attention"``, module doc): sizes left 0 are derived from the
+    # embedding as :meth:`_derived` says, the way lc0's BT networks scale them.
+    body: str = "residual"  # "residual" (SE tower) or "attention" (lc0's attention body)
+    heads: int = 0  # attention heads of each encoder layer
+    ffn_hidden: int = 0  # the encoder FFN's width
+    ffn_activation: str = "mish"
+    smolgen: bool = True  # smolgen in every encoder layer
+    smolgen_channels: int = 0  # smolgen's per-square compression
+    smolgen_hidden: int = 0  # its first dense layer
+    smolgen_gen: int = 0  # its second, per head: each head's 64x64 logits come from this many values
+    pe_channels: int = 0  # the PE-dense embedding's positional channels per square
+    policy_embedding: int = 0  # the attention policy's per-square embedding
+    policy_d_model: int = 0  # the width of its queries and keys
 
     def __post_init__(self) -> None:
+        if self.body not in ("residual", "attention"):
+            raise ValueError(f"NetConfig.body must be 'residual' or 'attention', got {self.body!r}")
+        if self.body == "attention":
+            for field, value in self._derived().items():
+                if getattr(self, field) == 0:
+                    object.__setattr__(self, field, value)
         for field in ("blocks", "filters", "se_ratio", "policy_channels", "value_channels",
-                      "value_hidden", "mlh_channels", "mlh_hidden"):
+                      "value_hidden", "mlh_channels", "mlh_hidden") + (_BODY_FIELDS if self.body == "attention" else ()):
             value = getattr(self, field)
+            if field == "smolgen" or field == "ffn_activation":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"NetConfig.{field} must be a positive integer, got {value!r}")
         if self.policy_head not in _POLICY_HEADS:
             raise ValueError(f"NetConfig.policy_head must be one of {_POLICY_HEADS}, got {self.policy_head!r}")
+        if (self.policy_head == "attention") != (self.body == "attention"):
+            raise ValueError("the attention policy head goes with the attention body (body='attention'), and "
+                             f"the attention body plays it only, got policy_head {self.policy_head!r} on a "
+                             f"{self.body} body")
+        if self.body == "attention":
+            if self.filters % self.heads:
+                raise ValueError(f"NetConfig: an embedding of {self.filters} does not split into {self.heads} heads")
+            if self.ffn_activation not in _BODY_ACTIVATIONS:
+                raise ValueError(f"NetConfig.ffn_activation must be one of {_BODY_ACTIVATIONS}, "
+                                 f"got {self.ffn_activation!r}")
+            if not isinstance(self.smolgen, bool):
+                raise ValueError(f"NetConfig.smolgen must be True or False, got {self.smolgen!r}")
         if not isinstance(self.se, bool):
             raise ValueError(f"NetConfig.se must be True or False, got {self.se!r}")
         if self.activation not in _ACTIVATIONS:
@@ -137,19 +195,43 @@ class NetConfig:
             raise ValueError(f"NetConfig.mlh_activation must be one of {_MLH_ACTIVATIONS}, "
                              f"got {self.mlh_activation!r}")
 
+    def _derived(self) -> dict[str, int]:
+        """The attention body's sizes from its embedding ``E``, as BT4 (E 1024) has them: FFN 2E
+        (BT4 1.5E; 2E trains better at the small sizes here), smolgen compressing to E/32 per
+        square, E/4 hidden and E/4 per head, E/32 positional channels, the policy embedding
+        and its queries E. Never below 4 (compress, positional) or 16 (smolgen's layers)."""
+        e = self.filters
+        return {"ffn_hidden": 2 * e, "smolgen_channels": max(4, e // 32), "smolgen_hidden": max(16, e // 4),
+                "smolgen_gen": max(16, e // 4), "pe_channels": max(4, e // 32), "policy_embedding": e,
+                "policy_d_model": e}
+
     @classmethod
     def from_name(cls, name: str, **overrides) -> "NetConfig":
-        """Parse ``"BxF"`` (blocks x filters), e.g. ``"6x64"``, ``"20x256"``.
+        """Parse ``"BxF"`` (blocks x filters), e.g. ``"6x64"``, ``"20x256"``, or
+        ``"bt-EMBxLAYERSxHEADSh"`` (an attention body), e.g. ``"bt-64x4x4h"``.
 
         Other fields keep their defaults unless given as keyword arguments
-        (``NetConfig.from_name("6x64", moves_left=False)``).
+        (``NetConfig.from_name("6x64", moves_left=False)``). An attention body's defaults are
+        BT4's: Mish, smolgen with swish, the attention policy, a moves-left head ending in ReLU
+        (as lc0's, so that an lc0 file holds it exactly); residual-only keywords are ignored.
         """
         if not isinstance(name, str):
             raise ValueError(f"network size must be a string like '6x64', got {name!r}")
+        body = _BODY_NAME_RE.match(name)
+        if body:
+            filters, blocks, heads = (int(g) for g in body.groups())
+            if min(filters, blocks, heads) < 1:
+                raise ValueError(f"bad network size {name!r}: embedding, layers and heads must all be at least 1")
+            for residual_only in ("se_ratio", "policy_head", "se", "policy_channels"):
+                overrides.pop(residual_only, None)
+            settings = {"activation": "mish", "mlh_activation": "relu", **overrides}
+            return cls(blocks=blocks, filters=filters, body="attention", heads=heads, policy_head="attention",
+                       **settings)
         match = _NAME_RE.match(name)
         if not match:
             raise ValueError(
-                f"bad network size {name!r}: expected 'BLOCKSxFILTERS' such as '6x64', '10x128' or '20x256'"
+                f"bad network size {name!r}: expected 'BLOCKSxFILTERS' such as '6x64', '10x128' or '20x256', "
+                "or an attention body 'bt-EMBEDDINGxLAYERSxHEADSh' such as 'bt-64x4x4h'"
             )
         blocks, filters = int(match.group(1)), int(match.group(2))
         if blocks < 1 or filters < 1:
@@ -158,6 +240,8 @@ class NetConfig:
 
     @property
     def name(self) -> str:
+        if self.body == "attention":
+            return f"bt-{self.filters}x{self.blocks}x{self.heads}h"
         return f"{self.blocks}x{self.filters}"
 
     @property
@@ -166,10 +250,14 @@ class NetConfig:
 
     def to_dict(self) -> dict:
         """Every field, but the lc0-import switches (``se``, ``activation``, ``mlh_activation``)
-        only where they differ from their defaults; :meth:`from_dict` reads either."""
+        only where they differ from their defaults, and the attention body's only for one;
+        :meth:`from_dict` reads either."""
         data = dataclasses.asdict(self)
         for key, default in _OPTIONAL_DEFAULTS.items():
             if data[key] == default:
+                del data[key]
+        if self.body == "residual":
+            for key in _BODY_FIELDS:
                 del data[key]
         return data
 
@@ -266,6 +354,138 @@ class FCPolicyHead(nn.Module):
         return self.fc(self.conv(x).flatten(1))
 
 
+# --------------------------------------------------------------------------- the attention body
+
+
+def _body_activation(name: str):
+    """An attention body's activation by net.proto's name (``relu2`` is ReLU squared)."""
+    if name == "relu2":
+        return lambda x: F.relu(x).square()
+    return {"mish": F.mish, "relu": F.relu, "swish": F.silu, "selu": F.selu}[name]
+
+
+#: lc0's layer-norm epsilons for the PE-dense body: every layer norm of the body and of smolgen.
+BODY_EPSILON = 1e-3
+
+
+class Smolgen(nn.Module):
+    """lc0's smolgen: each square's features compressed (no bias) and flattened, two dense layers
+    with layer norms, then per head the net-wide ``generator`` makes the 64x64 attention bias."""
+
+    def __init__(self, c: NetConfig):
+        super().__init__()
+        self.heads = c.heads
+        self.compress = nn.Linear(c.filters, c.smolgen_channels, bias=False)
+        self.dense1 = nn.Linear(64 * c.smolgen_channels, c.smolgen_hidden)
+        self.ln1 = nn.LayerNorm(c.smolgen_hidden, eps=BODY_EPSILON)
+        self.dense2 = nn.Linear(c.smolgen_hidden, c.heads * c.smolgen_gen)
+        self.ln2 = nn.LayerNorm(c.heads * c.smolgen_gen, eps=BODY_EPSILON)
+        self.act = _body_activation("swish")
+
+    def forward(self, x: torch.Tensor, generator: nn.Linear) -> torch.Tensor:
+        g = self.compress(x).flatten(1)                           # [N, 64 * C]
+        g = self.ln2(self.act(self.dense2(self.ln1(self.act(self.dense1(g))))))
+        g = generator(g.view(g.shape[0], self.heads, -1))         # [N, heads, 4096]
+        return g.view(g.shape[0], self.heads, 64, 64)
+
+
+class EncoderLayer(nn.Module):
+    """lc0's encoder layer, post-norm with DeepNorm: ``x = ln1(alpha * mha(x) + x)``, then
+    ``x = ln2(alpha * ffn(x) + x)``; smolgen adds its bias to the attention logits."""
+
+    def __init__(self, c: NetConfig, alpha: float):
+        super().__init__()
+        e = c.filters
+        self.heads, self.alpha = c.heads, alpha
+        self.q, self.k, self.v, self.out = (nn.Linear(e, e) for _ in range(4))
+        self.smolgen = Smolgen(c) if c.smolgen else None
+        self.ln1 = nn.LayerNorm(e, eps=BODY_EPSILON)
+        self.ffn1 = nn.Linear(e, c.ffn_hidden)
+        self.ffn2 = nn.Linear(c.ffn_hidden, e)
+        self.ln2 = nn.LayerNorm(e, eps=BODY_EPSILON)
+        self.ffn_act = _body_activation(c.ffn_activation)
+
+    def forward(self, x: torch.Tensor, generator: nn.Linear | None) -> torch.Tensor:
+        n, squares, e = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:               # [N, 64, E] -> [N, heads, 64, depth]
+            return t.view(n, squares, self.heads, e // self.heads).transpose(1, 2)
+
+        bias = self.smolgen(x, generator) if self.smolgen is not None else None
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        if x.is_cuda:   # the fused kernels; on a CPU (and in an export) the plain product is faster
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            logits = q @ k.transpose(2, 3) * (1.0 / math.sqrt(q.shape[-1]))
+            attended = torch.softmax(logits if bias is None else logits + bias, dim=-1) @ v
+        attended = attended.transpose(1, 2).reshape(n, squares, e)
+        x = self.ln1(self.alpha * self.out(attended) + x)
+        return self.ln2(self.alpha * self.ffn2(self.ffn_act(self.ffn1(x))) + x)
+
+
+class AttentionPolicyHead(nn.Module):
+    """lc0's attention policy: per-square ``embedding`` (the default activation), queries and
+    keys; ``q[from] . k[to] / sqrt(D)`` is a move's logit, and a promotion adds the
+    ``promotion`` offset of its piece (q, r, b) and the shared fourth to its pawn move's."""
+
+    def __init__(self, c: NetConfig):
+        super().__init__()
+        self.embedding = nn.Linear(c.filters, c.policy_embedding)
+        self.wq = nn.Linear(c.policy_embedding, c.policy_d_model)
+        self.wk = nn.Linear(c.policy_embedding, c.policy_d_model)
+        self.promotion = nn.Linear(c.policy_d_model, 4, bias=False)
+        self.act = _activation(c.activation)
+        from engine.lc0 import ATTENTION_POLICY_MAP
+
+        self.register_buffer("policy_map", torch.tensor(ATTENTION_POLICY_MAP, dtype=torch.long), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.act(self.embedding(x))
+        q, k = self.wq(e), self.wk(e)
+        logits = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])        # [N, from, to]
+        offsets = self.promotion(k[:, 56:64])                            # [N, to file, 4]
+        offsets = offsets[..., :3] + offsets[..., 3:]
+        promotions = logits[:, 48:56, 56:64].unsqueeze(3) + offsets.unsqueeze(1)   # [N, from file, to file, 3]
+        flat = torch.cat([logits.flatten(1), promotions.flatten(1)], dim=1)        # [N, 4096 + 192]
+        return flat.index_select(1, self.policy_map)
+
+
+class AttentionBody(nn.Module):
+    """lc0's attention body with the PE-dense embedding (BT3/BT4): the first 12 planes of all
+    squares make ``pe_channels`` positional channels per square (``preproc``); with the 112
+    planes they are embedded (the default activation, a layer norm), gated
+    (``x * mult_gate + add_gate``) and passed through the embedding FFN; then the encoder
+    layers, whose smolgen shares one ``generator``. Output: [N, 64 squares, E]."""
+
+    def __init__(self, c: NetConfig):
+        super().__init__()
+        e = c.filters
+        self.alpha = float((2.0 * c.blocks) ** -0.25)
+        self.pe_channels = c.pe_channels
+        self.preproc = nn.Linear(64 * 12, 64 * c.pe_channels)
+        self.embedding = nn.Linear(PLANES + c.pe_channels, e)
+        self.embedding_ln = nn.LayerNorm(e, eps=BODY_EPSILON)
+        self.mult_gate = nn.Parameter(torch.ones(64, e))
+        self.add_gate = nn.Parameter(torch.zeros(64, e))
+        self.ffn1 = nn.Linear(e, c.ffn_hidden)
+        self.ffn2 = nn.Linear(c.ffn_hidden, e)
+        self.ffn_ln = nn.LayerNorm(e, eps=BODY_EPSILON)
+        self.encoders = nn.ModuleList(EncoderLayer(c, self.alpha) for _ in range(c.blocks))
+        self.generator = nn.Linear(c.smolgen_gen, 4096, bias=False) if c.smolgen else None
+        self.act = _activation(c.activation)
+        self.ffn_act = _body_activation(c.ffn_activation)
+
+    def forward(self, planes: torch.Tensor) -> torch.Tensor:
+        x = planes.flatten(2).transpose(1, 2)                            # [N, 64, 112], squares a1..h8
+        pre = self.preproc(x[:, :, :12].flatten(1)).view(x.shape[0], 64, self.pe_channels)
+        x = self.embedding_ln(self.act(self.embedding(torch.cat([x, pre], dim=2))))
+        x = x * self.mult_gate + self.add_gate
+        x = self.ffn_ln(self.alpha * self.ffn2(self.ffn_act(self.ffn1(x))) + x)
+        for layer in self.encoders:
+            x = layer(x, self.generator)
+        return x
+
+
 class Net(nn.Module):
     """SE-ResNet with policy, WDL and (optional) moves-left heads; see the module doc."""
 
@@ -285,6 +505,9 @@ class Net(nn.Module):
         scale = torch.ones(PLANES)
         scale[RULE50_PLANE] = RULE50_SCALE
         self.register_buffer("input_scale", scale.view(1, PLANES, 1, 1), persistent=False)
+        if c.body == "attention":
+            self._build_body(c)
+            return
         act = c.activation
         self.stem = ConvBN(PLANES, c.filters, 3, activation=act)
         self.blocks = nn.Sequential(*(ResidualBlock(c.filters, c.se_channels, c.se, act) for _ in range(c.blocks)))
@@ -300,6 +523,33 @@ class Net(nn.Module):
             self.mlh_fc1 = nn.Linear(c.mlh_channels * 64, c.mlh_hidden)
             self.mlh_fc2 = nn.Linear(c.mlh_hidden, 1)
         self._init_weights()
+
+    def _build_body(self, c: NetConfig) -> None:
+        """The attention body and its heads (module doc); every head reads the body's squares."""
+        self.body = AttentionBody(c)
+        self.policy = AttentionPolicyHead(c)
+        self.value_embedding = nn.Linear(c.filters, c.value_channels)
+        self.value_fc1 = nn.Linear(64 * c.value_channels, c.value_hidden)
+        self.value_fc2 = nn.Linear(c.value_hidden, 3)
+        if c.moves_left:
+            self.mlh_embedding = nn.Linear(c.filters, c.mlh_channels)
+            self.mlh_fc1 = nn.Linear(64 * c.mlh_channels, c.mlh_hidden)
+            self.mlh_fc2 = nn.Linear(c.mlh_hidden, 1)
+        # DeepNorm's initialisation (its beta): the branches' value, output and FFN weights scaled
+        # down with depth, so that a deep post-norm stack trains from the start.
+        beta = (8.0 * c.blocks) ** -0.25
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for layer in self.body.encoders:
+            for m in (layer.v, layer.out, layer.ffn1, layer.ffn2):
+                nn.init.xavier_uniform_(m.weight, gain=beta)
+        if self.body.generator is not None:
+            nn.init.normal_(self.body.generator.weight, std=0.01)
+        if c.moves_left:
+            nn.init.constant_(self.mlh_fc2.bias, 2.0)  # the ReLU output open at the start
 
     def _init_weights(self) -> None:
         for m in self.modules():
@@ -324,13 +574,19 @@ class Net(nn.Module):
 
     def forward(self, planes: torch.Tensor) -> NetOutput:
         act = _activation(self.config.activation)
-        x = self.blocks(self.stem(planes * self.input_scale))
-        policy = self.policy(x)
-        v = self.value_conv(x).flatten(1)
+        if self.config.body == "attention":
+            x = self.body(planes * self.input_scale)
+            policy = self.policy(x)
+            v = act(self.value_embedding(x)).flatten(1)
+            m = act(self.mlh_embedding(x)).flatten(1) if self.config.moves_left else None
+        else:
+            x = self.blocks(self.stem(planes * self.input_scale))
+            policy = self.policy(x)
+            v = self.value_conv(x).flatten(1)
+            m = self.mlh_conv(x).flatten(1) if self.config.moves_left else None
         wdl = self.value_fc2(act(self.value_fc1(v)))
         mlh = None
-        if self.config.moves_left:
-            m = self.mlh_conv(x).flatten(1)
+        if m is not None:
             m = self.mlh_fc2(act(self.mlh_fc1(m)))
             mlh = F.relu(m) if self.config.mlh_activation == "relu" else F.softplus(m)
         return NetOutput(policy, wdl, mlh)
@@ -379,6 +635,8 @@ def deepen(source: Net, blocks: int, seed: int | None = 0) -> Net:
     ReLU networks only: a Mish of a Mish is not the identity).
     Their first convolution is freshly initialised (deterministic given ``seed``), so gradients
     reach the whole branch once its last scale moves off zero."""
+    if source.config.body != "residual":
+        raise ValueError(f"cannot deepen {source.config.name}: only residual towers grow by blocks")
     have = len(source.blocks)
     if blocks < have:
         raise ValueError(f"cannot deepen a {source.config.name} network to {blocks} blocks: it has {have}")
