@@ -175,3 +175,46 @@ def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path):
     assert after["total"] < before["total"] - 0.2, (before, after)
     planes, masks = sample_positions(32, seed=1)
     check_lc0_file(trained, lc0_file_bytes(trained), planes, masks)
+
+
+# --------------------------------------------------------------------------- from lc0's files
+
+
+def test_an_lc0_transformer_file_is_rebuilt_as_the_network_lc0_plays_and_written_back_as_it(tmp_path):
+    """``--init-from`` reads Leela's BT3/BT4 structure (format 7, PE dense, smolgen): the rebuilt PyTorch
+    network is what lc0 evaluates, and its lc0 export plays as the original does in lc0."""
+    from trainer.lc0_import import net_from_lc0
+
+    for fixture in (L.BODY_MULTIHEAD, L.TRAINER_BODY):
+        lc0 = fixture.need().lc0()
+        net = net_from_lc0(read_lc0_file(fixture.pb))
+        planes = _lc0_planes(lc0)
+        L.assert_plays_as_lc0(lc0, *_outputs(net, planes))
+        again = tmp_path / f"{fixture.name}.pb.gz"
+        again.write_bytes(gzip.compress(lc0_file_bytes(net)))
+        L.assert_plays_as_lc0(lc0, *Network(str(again), backend="cpu").evaluate(planes), tolerance=EXPORT_AGREEMENT)
+    assert net_from_lc0(read_lc0_file(L.BODY_MULTIHEAD.pb)).config.name == "bt-32x2x4h"
+
+
+def test_what_the_trainers_family_has_not_is_refused_in_one_line():
+    from trainer.lc0_import import Lc0ImportError, net_from_lc0
+
+    with pytest.raises(Lc0ImportError, match="PE-map embedding") as exc:
+        net_from_lc0(read_lc0_file(L.BODY_PE_MAP.need().pb))
+    assert "\n" not in str(exc.value)
+
+
+def test_a_run_starts_from_an_lc0_transformer_and_refuses_one_of_another_input_format(tmp_path):
+    source = tmp_path / "bt.pb.gz"
+    source.write_bytes(gzip.compress(gzip.decompress(open(L.BODY_MULTIHEAD.need().pb, "rb").read())))
+    run = make_run(tmp_path / "run")
+    code, lines = run_learn(run, steps=2, init_from=str(source))
+    assert code == 0, lines
+    checkpoint = torch.load(os.path.join(run, "checkpoints", "step-00000002.pt"), weights_only=True)
+    assert load_net(checkpoint).config == NetConfig.from_name(
+        "bt-32x2x4h", ffn_hidden=32, smolgen_channels=2, smolgen_hidden=16, smolgen_gen=4, pe_channels=1,
+        policy_embedding=16, policy_d_model=8, value_channels=2, value_hidden=16, mlh_channels=4, mlh_hidden=16)
+    canonical = tmp_path / "canonical.pb.gz"
+    canonical.write_bytes(gzip.compress(L.with_input_format(gzip.decompress(source.read_bytes()), 3)))
+    code, lines = run_learn(make_run(tmp_path / "other"), steps=2, init_from=str(canonical))
+    assert code != 0 and any("input format 3" in line for line in lines), lines

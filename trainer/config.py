@@ -73,8 +73,9 @@ class ModelConfig:
     net: str = _f("6x64", "residual blocks x filters, e.g. 6x64, 10x128, 20x256; or an attention body "
                   "bt-EMBEDDINGxLAYERSxHEADSh, e.g. bt-64x6x4h (lc0's BT structure)")
     se_ratio: int = _f(4, "squeeze-excitation reduction: SE hidden width = filters / se_ratio", min=1)
-    policy_head: str = _f("conv", "policy head: conv (lc0's 73-plane conv head) or fc (1x1 conv + linear)",
-                          choices=("conv", "fc"))
+    policy_head: str = _f("conv", "policy head: conv (lc0's 73-plane conv head) or fc (1x1 conv + linear) on a "
+                          "residual tower; an attention body has lc0's attention policy (attention)",
+                          choices=("conv", "fc", "attention"))
     moves_left: bool = _f(True, "train and export the moves-left head (/output/mlh)")
     se: bool = _f(True, "a squeeze-excitation unit in every residual block (false: plain residual blocks, "
                   "as some lc0 nets)")
@@ -89,6 +90,23 @@ class ModelConfig:
     mlh_activation: str = _f("", "moves-left head: its output's activation, softplus or relu (lc0's); empty: "
                              "the family's, softplus for a residual tower, relu for an attention body",
                              choices=("", "softplus", "relu"))
+    ffn_hidden: int = _f(0, "attention body: the encoder FFN's width (0: twice the embedding)", min=0)
+    ffn_activation: str = _f("mish", "attention body: the FFN's activation (lc0's names)",
+                             choices=("mish", "relu", "swish", "relu2", "selu"))
+    smolgen: bool = _f(True, "attention body: smolgen in every encoder layer (the attention bias from the board)")
+    smolgen_channels: int = _f(0, "attention body: smolgen's per-square compression (0: embedding / 32, at least 4)",
+                               min=0)
+    smolgen_hidden: int = _f(0, "attention body: smolgen's first layer (0: embedding / 4, at least 16)", min=0)
+    smolgen_gen: int = _f(0, "attention body: smolgen's values per head (0: embedding / 4, at least 16)", min=0)
+    pe_channels: int = _f(0, "attention body: the PE-dense embedding's positional channels per square "
+                          "(0: embedding / 32, at least 4)", min=0)
+    policy_embedding: int = _f(0, "attention body: the attention policy's per-square embedding (0: the "
+                               "embedding's width)", min=0)
+    policy_d_model: int = _f(0, "attention body: the attention policy's queries and keys (0: the embedding's "
+                             "width)", min=0)
+    input_format: int = _f(1, "lc0's input format of the planes: 1 (classical) for the runs the learner "
+                           "trains; a network from an lc0 file (init_from) brings its own",
+                           choices=(1, 2, 3, 4, 5, 132, 133))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -230,13 +230,18 @@ def _inline_identity_initializers(model: onnx.ModelProto) -> None:
 
 
 def _set_metadata(model: onnx.ModelProto, net: Net, variant: str) -> None:
+    from engine.network import INPUT_FORMAT_KEY
+
     del model.metadata_props[:]
-    for key, value in (
+    entries = [
         ("cyzero.format", "cyzero-net-1"),
         ("cyzero.variant", variant),
         ("cyzero.config", json.dumps(net.config.to_dict(), sort_keys=True)),
         ("cyzero.torch", torch.__version__.split("+")[0]),
-    ):
+    ]
+    if net.config.input_format != 1:  # the engine encodes the planes as the network reads them
+        entries.append((INPUT_FORMAT_KEY, str(net.config.input_format)))
+    for key, value in entries:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     model.producer_name = "cyzero"

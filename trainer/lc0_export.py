@@ -48,7 +48,7 @@ from torch import nn
 
 from engine.lc0 import BN_EPSILON, CONV_POLICY_PLANES as LC0_POLICY_PLANES, MAGIC, Lc0Net, read_lc0
 from trainer.atomic import atomic_write_with_sha256
-from trainer.model import RULE50_PLANE, RULE50_SCALE, ConvBN, Net
+from trainer.model import RULE50_PLANE, ConvBN, Net, rule50_scale
 
 __all__: Sequence[str] = [
     "LC0_FILE_PARITY", "Lc0ExportError", "Lc0FileParityError", "lc0_file_bytes", "write_lc0", "check_lc0_file",
@@ -176,7 +176,7 @@ def _weights(net: Net, moves_left: bool) -> bytes:
     """The ``Weights`` message (net.proto's field numbers)."""
     c = net.config
     stem = net.stem[0].weight.detach().double().clone()
-    stem[:, RULE50_PLANE] *= RULE50_SCALE  # lc0 feeds the raw rule50 count
+    stem[:, RULE50_PLANE] *= rule50_scale(c)  # lc0 feeds the rule50 plane as the input format says
     out = _length_delimited(1, _conv_bn_block(net.stem, stem))
     for block in net.blocks:
         residual = _length_delimited(1, _conv_bn_block(block.conv1)) + _length_delimited(2, _conv_bn_block(block.conv2))
@@ -232,7 +232,7 @@ def _body_weights(net: Net, moves_left: bool) -> bytes:
     policy embedding). The rule50 input's embedding weights are divided by 100, as the stem's are."""
     b = net.body
     emb = b.embedding.weight.detach().double().clone()
-    emb[:, RULE50_PLANE] *= RULE50_SCALE
+    emb[:, RULE50_PLANE] *= rule50_scale(net.config)
     out = (_linear(b.preproc, 37, 38) + _linear(b.embedding, 25, weight=emb)
            + _length_delimited(26, _layer(b.embedding.bias)) + _norm_fields(b.embedding_ln, 39, 40)
            + _length_delimited(33, _layer(b.mult_gate.T)) + _length_delimited(34, _layer(b.add_gate.T))
@@ -254,7 +254,7 @@ def _body_weights(net: Net, moves_left: bool) -> bytes:
 
 def _body_network_format(net: Net, moves_left: bool) -> bytes:
     c = net.config
-    return (_uint(1, 1)                      # INPUT_CLASSICAL_112_PLANE
+    return (_uint(1, c.input_format)         # the planes' InputFormat
             + _uint(2, 2)                    # OUTPUT_WDL
             + _uint(3, 7)                    # NETWORK_ATTENTIONBODY_WITH_MULTIHEADFORMAT
             + _uint(4, 3)                    # POLICY_ATTENTION
@@ -297,7 +297,7 @@ def lc0_file_bytes(net: Net, include_moves_left: bool | None = None, license: st
     if c.body == "attention":
         network_format = _body_network_format(net, moves_left)
     else:
-        network_format = (_uint(1, 1)                      # INPUT_CLASSICAL_112_PLANE
+        network_format = (_uint(1, c.input_format)         # the planes' InputFormat
                           + _uint(2, 2)                    # OUTPUT_WDL
                           + _uint(3, 4 if c.se else 3)     # NETWORK_SE_WITH_HEADFORMAT / CLASSICAL_WITH_HEADFORMAT
                           + _uint(4, 2 if c.policy_head == "conv" else 1)  # POLICY_CONVOLUTION / CLASSICAL

@@ -54,7 +54,7 @@ from torch import nn
 
 from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, lc0_to_onnx, read_lc0_file
 from trainer.model import (
-    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map,
+    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map, rule50_scale,
 )
 
 __all__: Sequence[str] = [
@@ -128,9 +128,59 @@ def _se_ratio(filters: int, width: int) -> int:
                          f"for a whole r, and no r gives {width}")
 
 
+def _body_config(net: Lc0Net) -> NetConfig:
+    """The :class:`NetConfig` of an attention-body file (the structure of Leela's BT3/BT4 networks:
+    trainer.model's family); :class:`Lc0ImportError` for what that family has not."""
+    b = net.body
+    if b.embedding != "pe_dense":
+        raise Lc0ImportError("an attention body with the PE-map embedding (format 6, as Leela's BT2 and T1 "
+                             "networks): cyzero's trainer has the PE-dense embedding of BT3/BT4 only")
+    if b.activation not in ("relu", "mish"):
+        raise Lc0ImportError(f"the default activation {b.activation!r}: cyzero has relu and mish")
+    if b.ffn_activation not in ("mish", "relu", "swish", "relu2", "selu"):
+        raise Lc0ImportError(f"the FFN activation {b.ffn_activation!r}, which cyzero's trainer has not")
+    kinds = {e.smolgen is not None for e in b.encoders}
+    if len(kinds) != 1:
+        raise Lc0ImportError("encoder layers with and without smolgen: cyzero's have it in all or none")
+    smolgen = kinds.pop()
+    if smolgen and b.smolgen_activation != "swish":
+        raise Lc0ImportError(f"smolgen with {b.smolgen_activation!r}: cyzero's smolgen is swish, as Leela's")
+    policy = b.policy_heads[b.policy_head]
+    if policy.encoders:
+        raise Lc0ImportError(f"an attention policy with {len(policy.encoders)} encoder layers of its own, "
+                             "which cyzero's trainer has not")
+    value = b.value_heads[b.value_head]
+    first = b.encoders[0]
+    sizes = {(e.ffn1.b.size, None if e.smolgen is None else (e.smolgen.compress.shape[0], e.smolgen.dense1.b.size,
+                                                             e.smolgen.dense2.b.size)) for e in b.encoders}
+    if len(sizes) != 1:
+        raise Lc0ImportError("encoder layers of different sizes: cyzero's are all one size")
+    if any(e.q.b.size != b.width for e in b.encoders):
+        raise Lc0ImportError(f"attention {first.q.b.size} wide on an embedding of {b.width}: cyzero's are one width")
+    fields = dict(heads=b.heads, ffn_hidden=int(first.ffn1.b.size), ffn_activation=b.ffn_activation, smolgen=smolgen,
+                  pe_channels=int(b.preproc.b.size // 64), policy_embedding=int(policy.embedding.b.size),
+                  policy_d_model=int(policy.wq.b.size), value_channels=int(value.embedding.b.size),
+                  value_hidden=int(value.ip1.b.size), activation=b.activation, input_format=net.input_format)
+    if smolgen:
+        fields.update(smolgen_channels=int(first.smolgen.compress.shape[0]), smolgen_hidden=int(first.smolgen.dense1.b.size),
+                      smolgen_gen=int(first.smolgen.dense2.b.size // b.heads))
+    if b.moves_left is not None:
+        ip_mov, ip1_mov, _ = b.moves_left
+        fields.update(moves_left=True, mlh_channels=int(ip_mov.b.size), mlh_hidden=int(ip1_mov.b.size),
+                      mlh_activation="relu")
+    else:
+        fields["moves_left"] = False
+    try:
+        return NetConfig(blocks=len(b.encoders), filters=b.width, body="attention", policy_head="attention", **fields)
+    except ValueError as exc:
+        raise Lc0ImportError(f"cannot represent the lc0 network: {exc}") from None
+
+
 def net_config_from_lc0(net: Lc0Net) -> NetConfig:
     """The :class:`NetConfig` of the network in an lc0 file; :class:`Lc0ImportError` when cyzero
     cannot represent it."""
+    if net.body is not None:
+        return _body_config(net)
     w = net.weights
     if w is None:
         raise Lc0ImportError("the lc0 file holds an ONNX model, not weights: cyzero can play it "
@@ -197,10 +247,76 @@ def _load_linear(module: nn.Linear, layer: Dense, what: str) -> None:
     module.bias.copy_(_tensor(layer.b, module.bias, f"{what} biases"))
 
 
+def _load_norm(module: nn.LayerNorm, ln, what: str) -> None:
+    module.weight.copy_(_tensor(ln.gammas, module.weight, f"{what} gammas"))
+    module.bias.copy_(_tensor(ln.betas, module.bias, f"{what} betas"))
+
+
+def _wdl_logits(ip2: Dense) -> Dense:
+    """A single-value (tanh) output layer as three WDL logits ``(x, -30, -x)`` (module doc)."""
+    row = np.asarray(ip2.w, dtype=np.float32).reshape(1, -1)
+    bias = float(np.asarray(ip2.b, dtype=np.float32).reshape(-1)[0])
+    return Dense(np.concatenate([row, np.zeros_like(row), -row]), np.array([bias, _NO_DRAW_LOGIT, -bias], np.float32))
+
+
+def _body_from_lc0(lc0net: Lc0Net, config: NetConfig) -> Net:
+    """An attention-body file as trainer.model's network: each layer where the writer
+    (:mod:`trainer.lc0_export`) takes it from, the rule50 input's embedding weights scaled back."""
+    b = lc0net.body
+    net = Net(config, seed=0)
+    body = net.body
+    with torch.no_grad():
+        _load_linear(body.preproc, b.preproc, "PE-dense preprocessing")
+        emb = np.array(b.ip_emb.w, dtype=np.float32, copy=True)
+        emb[:, RULE50_PLANE] /= np.float32(rule50_scale(config))
+        _load_linear(body.embedding, Dense(emb, b.ip_emb.b), "input embedding")
+        _load_norm(body.embedding_ln, b.emb_ln, "input embedding layer norm")
+        if b.mult_gate is not None:   # without gates: the identity, which the defaults (1, 0) are
+            body.mult_gate.copy_(_tensor(b.mult_gate.T, body.mult_gate, "input gate (multiplicative)"))
+            body.add_gate.copy_(_tensor(b.add_gate.T, body.add_gate, "input gate (additive)"))
+        ffn1, ffn2, ln = b.emb_ffn
+        _load_linear(body.ffn1, ffn1, "embedding FFN dense 1")
+        _load_linear(body.ffn2, ffn2, "embedding FFN dense 2")
+        _load_norm(body.ffn_ln, ln, "embedding FFN layer norm")
+        for i, (layer, e) in enumerate(zip(body.encoders, b.encoders)):
+            what = f"encoder {i}"
+            for module, dense, part in ((layer.q, e.q, "queries"), (layer.k, e.k, "keys"), (layer.v, e.v, "values"),
+                                        (layer.out, e.out, "output"), (layer.ffn1, e.ffn1, "FFN dense 1"),
+                                        (layer.ffn2, e.ffn2, "FFN dense 2")):
+                _load_linear(module, dense, f"{what} {part}")
+            _load_norm(layer.ln1, e.ln1, f"{what} layer norm 1")
+            _load_norm(layer.ln2, e.ln2, f"{what} layer norm 2")
+            if e.smolgen is not None:
+                sg, src = layer.smolgen, e.smolgen
+                sg.compress.weight.copy_(_tensor(src.compress, sg.compress.weight, f"{what} smolgen compress"))
+                _load_linear(sg.dense1, src.dense1, f"{what} smolgen dense 1")
+                _load_norm(sg.ln1, src.ln1, f"{what} smolgen layer norm 1")
+                _load_linear(sg.dense2, src.dense2, f"{what} smolgen dense 2")
+                _load_norm(sg.ln2, src.ln2, f"{what} smolgen layer norm 2")
+        if body.generator is not None:
+            body.generator.weight.copy_(_tensor(b.smolgen_w, body.generator.weight, "global smolgen weights"))
+        p = b.policy_heads[b.policy_head]
+        _load_linear(net.policy.embedding, p.embedding, "policy embedding")
+        _load_linear(net.policy.wq, p.wq, "policy queries")
+        _load_linear(net.policy.wk, p.wk, "policy keys")
+        net.policy.promotion.weight.copy_(_tensor(p.ppo, net.policy.promotion.weight, "policy promotion offsets"))
+        v = b.value_heads[b.value_head]
+        _load_linear(net.value_embedding, v.embedding, "value embedding")
+        _load_linear(net.value_fc1, v.ip1, "value dense 1")
+        _load_linear(net.value_fc2, v.ip2 if b.wdl else _wdl_logits(v.ip2), "value dense 2")
+        if b.moves_left is not None:
+            for module, dense, part in zip((net.mlh_embedding, net.mlh_fc1, net.mlh_fc2), b.moves_left,
+                                           ("embedding", "dense 1", "dense 2")):
+                _load_linear(module, dense, f"moves-left {part}")
+    return net.eval()
+
+
 def net_from_lc0(lc0net: Lc0Net) -> Net:
     """cyzero's PyTorch :class:`Net` computing what the lc0 file's network computes (eval mode;
     see the module doc for how each part maps). :class:`Lc0ImportError`: not representable."""
     config = net_config_from_lc0(lc0net)
+    if lc0net.body is not None:
+        return _body_from_lc0(lc0net, config)
     w = lc0net.weights
     net = Net(config, seed=0)
     with torch.no_grad():
@@ -228,12 +344,8 @@ def net_from_lc0(lc0net: Lc0Net) -> Net:
         _load_linear(net.value_fc1, w.ip1_val, "value dense layer 1")
         if w.wdl:
             _load_linear(net.value_fc2, w.ip2_val, "value dense layer 2")
-        else:  # tanh(x) as WDL logits (x, -30, -x)
-            row = np.asarray(w.ip2_val.w, dtype=np.float32).reshape(1, -1)
-            bias = float(np.asarray(w.ip2_val.b, dtype=np.float32).reshape(-1)[0])
-            weights = np.concatenate([row, np.zeros_like(row), -row])
-            _load_linear(net.value_fc2, Dense(weights, np.array([bias, _NO_DRAW_LOGIT, -bias], np.float32)),
-                         "value dense layer 2")
+        else:
+            _load_linear(net.value_fc2, _wdl_logits(w.ip2_val), "value dense layer 2")
         if config.moves_left:
             _load_conv_bn(net.mlh_conv, w.mlh_conv, "moves-left convolution")
             _load_linear(net.mlh_fc1, w.ip1_mov, "moves-left dense layer 1")

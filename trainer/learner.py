@@ -156,19 +156,32 @@ def net_config(config: TrainConfig) -> NetConfig:
     m = config.model
     family = {key: value for key, value in (("activation", m.activation), ("mlh_activation", m.mlh_activation))
               if value}  # empty: the family's own (NetConfig.from_name)
+    if m.input_format != 1:
+        family["input_format"] = m.input_format
+    if m.net.strip().lower().startswith("bt-"):  # the attention body's sizes (0: derived from the embedding)
+        family.update({key: getattr(m, key) for key in _BODY_KEYS})
     return NetConfig.from_name(
         m.net, se_ratio=m.se_ratio, policy_head=m.policy_head, moves_left=m.moves_left, se=m.se,
         policy_channels=m.policy_channels, value_channels=m.value_channels,
         value_hidden=m.value_hidden, mlh_channels=m.mlh_channels, mlh_hidden=m.mlh_hidden, **family)
 
 
+#: The [model] keys of an attention body beside the name's embedding, layers and heads.
+_BODY_KEYS = ("ffn_hidden", "ffn_activation", "smolgen", "smolgen_channels", "smolgen_hidden", "smolgen_gen",
+              "pe_channels", "policy_embedding", "policy_d_model")
+
+
 def model_section(config: NetConfig) -> dict[str, Any]:
     """The ``[model]`` keys that describe ``config`` (:func:`net_config` reads them back)."""
-    return {"net": config.name, "se_ratio": config.se_ratio, "policy_head": config.policy_head,
-            "moves_left": config.moves_left, "se": config.se, "activation": config.activation,
-            "policy_channels": config.policy_channels, "value_channels": config.value_channels,
-            "value_hidden": config.value_hidden, "mlh_channels": config.mlh_channels,
-            "mlh_hidden": config.mlh_hidden, "mlh_activation": config.mlh_activation}
+    section = {"net": config.name, "se_ratio": config.se_ratio, "policy_head": config.policy_head,
+               "moves_left": config.moves_left, "se": config.se, "activation": config.activation,
+               "policy_channels": config.policy_channels, "value_channels": config.value_channels,
+               "value_hidden": config.value_hidden, "mlh_channels": config.mlh_channels,
+               "mlh_hidden": config.mlh_hidden, "mlh_activation": config.mlh_activation,
+               "input_format": config.input_format}
+    if config.body == "attention":
+        section.update({key: getattr(config, key) for key in _BODY_KEYS})
+    return section
 
 
 # --------------------------------------------------------------------------- init-from
@@ -1497,6 +1510,10 @@ def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log
         if differs:
             raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
                              f"{path}: start a new run directory, or restore the run's [model] section")
+    if config.model.input_format != 1:
+        raise ValueError(f"the network reads lc0's input format {config.model.input_format}, and the learner's "
+                         "training records are written in format 1 (the classical planes): cyzero trains format-1 "
+                         "networks only (it plays every format)")
     if lead:
         _write_run_config(run_dir, config, config_path, log)
     return config, path

@@ -85,7 +85,10 @@ _MLH_ACTIVATIONS = ("softplus", "relu")
 _BODY_ACTIVATIONS = ("mish", "relu", "swish", "relu2", "selu")
 #: NetConfig fields added after checkpoints and exports existed: left out of ``to_dict`` at
 #: these defaults, so an unchanged config writes the dict it always wrote.
-_OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus", "body": "residual"}
+_OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus", "body": "residual",
+                      "input_format": 1}
+#: lc0's input formats that feed the rule50 plane in hundreds of plies (the others: in plies).
+HECTOPLIES_FORMATS = (4, 5, 132, 133)
 #: The attention body's own fields: a residual config's dict leaves them out.
 _BODY_FIELDS = ("heads", "ffn_hidden", "ffn_activation", "smolgen", "smolgen_channels", "smolgen_hidden",
                 "smolgen_gen", "pe_channels", "policy_embedding", "policy_d_model")
@@ -158,6 +161,9 @@ class NetConfig:
     pe_channels: int = 0  # the PE-dense embedding's positional channels per square
     policy_embedding: int = 0  # the attention policy's per-square embedding
     policy_d_model: int = 0  # the width of its queries and keys
+    # lc0's input format of the planes (engine.encoding.INPUT_FORMATS): 1 classical; a network read
+    # from an lc0 file keeps its own, which its exports say (the learner trains format 1 only)
+    input_format: int = 1
 
     def __post_init__(self) -> None:
         if self.body not in ("residual", "attention"):
@@ -175,6 +181,10 @@ class NetConfig:
                 raise ValueError(f"NetConfig.{field} must be a positive integer, got {value!r}")
         if self.policy_head not in _POLICY_HEADS:
             raise ValueError(f"NetConfig.policy_head must be one of {_POLICY_HEADS}, got {self.policy_head!r}")
+        from engine.encoding import INPUT_FORMATS
+
+        if self.input_format not in INPUT_FORMATS:
+            raise ValueError(f"NetConfig.input_format must be one of lc0's {INPUT_FORMATS}, got {self.input_format!r}")
         if (self.policy_head == "attention") != (self.body == "attention"):
             raise ValueError("the attention policy head goes with the attention body (body='attention'), and "
                              f"the attention body plays it only, got policy_head {self.policy_head!r} on a "
@@ -268,6 +278,12 @@ class NetConfig:
         if unknown:
             raise ValueError(f"unknown NetConfig fields: {sorted(unknown)}")
         return cls(**data)
+
+
+def rule50_scale(config: NetConfig) -> float:
+    """What the graph multiplies the rule50 plane by: 1/100 where the input format feeds plies,
+    1 where it feeds hundreds of plies already (the hectoplies formats)."""
+    return 1.0 if config.input_format in HECTOPLIES_FORMATS else RULE50_SCALE
 
 
 class NetOutput(NamedTuple):
@@ -503,7 +519,7 @@ class Net(nn.Module):
 
     def _build(self, c: NetConfig) -> None:
         scale = torch.ones(PLANES)
-        scale[RULE50_PLANE] = RULE50_SCALE
+        scale[RULE50_PLANE] = rule50_scale(c)
         self.register_buffer("input_scale", scale.view(1, PLANES, 1, 1), persistent=False)
         if c.body == "attention":
             self._build_body(c)
@@ -574,19 +590,19 @@ class Net(nn.Module):
 
     def forward(self, planes: torch.Tensor) -> NetOutput:
         act = _activation(self.config.activation)
-        if self.config.body == "attention":
+        attention = self.config.body == "attention"
+        if attention:
             x = self.body(planes * self.input_scale)
             policy = self.policy(x)
             v = act(self.value_embedding(x)).flatten(1)
-            m = act(self.mlh_embedding(x)).flatten(1) if self.config.moves_left else None
         else:
             x = self.blocks(self.stem(planes * self.input_scale))
             policy = self.policy(x)
             v = self.value_conv(x).flatten(1)
-            m = self.mlh_conv(x).flatten(1) if self.config.moves_left else None
         wdl = self.value_fc2(act(self.value_fc1(v)))
         mlh = None
-        if m is not None:
+        if self.config.moves_left:
+            m = act(self.mlh_embedding(x)).flatten(1) if attention else self.mlh_conv(x).flatten(1)
             m = self.mlh_fc2(act(self.mlh_fc1(m)))
             mlh = F.relu(m) if self.config.mlh_activation == "relu" else F.softplus(m)
         return NetOutput(policy, wdl, mlh)
@@ -695,5 +711,5 @@ def load_net(checkpoint: dict | str, config: NetConfig | None = None) -> Net:
 
 __all__: Sequence[str] = [
     "NetConfig", "NetOutput", "Net", "InferenceNet",
-    "build_net", "load_net", "save_checkpoint_dict", "policy_index_and_map",
+    "build_net", "load_net", "save_checkpoint_dict", "policy_index_and_map", "rule50_scale",
 ]
