@@ -145,6 +145,11 @@ def test_export_writes_a_transformer_as_onnx_and_as_lc0_and_the_engine_plays_bot
     got = Network(str(onnx_path), backend="cpu").evaluate(planes)
     for ours, theirs in zip(got, want):
         np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    # fp16 for the GPU runtimes, checked as it is written; no int8 (there is no convolution to quantize)
+    export_onnx(net, str(tmp_path / "bt.fp16.onnx"), "fp16", check_positions=32)
+    with pytest.raises(ValueError, match="no int8 variant of an attention body"):
+        export_onnx(net, str(tmp_path / "bt.int8.onnx"), "int8", check_positions=32)
+    assert not (tmp_path / "bt.int8.onnx").exists()
 
 
 # --------------------------------------------------------------------------- the learner

@@ -397,6 +397,10 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
         print(f"cyzero-train export: error: {exc}", file=sys.stderr)
         return 2
+    if args.variants is None:  # the network's own variants (an attention body has no int8)
+        from trainer.export import variants_for
+
+        variants = [v for v in variants if v in variants_for(net)]
     if not args.json:
         print(f"exporting {net.config.name} ({net.num_parameters():,} parameters, {source}) to {args.out}",
               file=sys.stderr, flush=True)

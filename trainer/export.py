@@ -542,6 +542,10 @@ def export_onnx(
     start = time.perf_counter()
     path = os.path.abspath(os.fspath(path))
     module = _inference_module(model)
+    if variant not in variants_for(module.net):
+        raise ValueError(f"no {variant} variant of an attention body: int8 quantizes the residual tower's "
+                         "convolutions, which it has none of (its CPU file is the fp32 one: OpenVINO runs it in "
+                         "bf16 where the processor has AMX or AVX-512 BF16)")
     fp32 = _fp32 if _fp32 is not None else torch_to_onnx(module, exporter=exporter)
     if check_planes is None:
         check_planes, check_masks = sample_positions(check_positions, seed=seed + 1)
@@ -586,6 +590,11 @@ def variant_path(out_dir: str | os.PathLike, stem: str, variant: str) -> str:
     return os.path.join(os.fspath(out_dir), stem + VARIANT_SUFFIX[variant])
 
 
+def variants_for(net: Net) -> tuple[str, ...]:
+    """The variants a network has: all three for a residual tower, fp32 and fp16 for an attention body."""
+    return VARIANTS if net.config.body == "residual" else ("fp32", "fp16")
+
+
 def export_variants(
     model: Net | InferenceNet,
     out_dir: str | os.PathLike,
@@ -628,5 +637,5 @@ def export_variants(
 __all__: Sequence[str] = [
     "VARIANTS", "PARITY_BOUNDS", "ParityBounds",
     "ExportReport", "ExportParityError", "export_onnx", "export_variants", "torch_to_onnx",
-    "to_fp16", "to_int8", "sample_positions", "variant_path", "parity_numbers", "parity_failures",
+    "to_fp16", "to_int8", "sample_positions", "variant_path", "parity_numbers", "parity_failures", "variants_for",
 ]
