@@ -501,11 +501,14 @@ class Network:
         return value
 
     def _size(self) -> str:
-        """``"10x128"`` (blocks x filters) from a cyzero export's metadata, else ``""``."""
+        """``"10x128"`` (blocks x filters) or ``"bt-64x6x4h"`` (an attention body: embedding, layers,
+        heads) from a cyzero export's metadata, else ``""``."""
         import json
 
         try:
             config = json.loads(self.metadata.get("cyzero.config", ""))
+            if config.get("body") == "attention":
+                return f"bt-{int(config['filters'])}x{int(config['blocks'])}x{int(config['heads'])}h"
             return f"{int(config['blocks'])}x{int(config['filters'])}"
         except (ValueError, TypeError, KeyError):
             return ""

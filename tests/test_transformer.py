@@ -142,7 +142,9 @@ def test_export_writes_a_transformer_as_onnx_and_as_lc0_and_the_engine_plays_bot
     np.testing.assert_allclose(from_lc0[1], want[1], atol=1e-3)
     onnx_path = tmp_path / "bt.onnx"
     export_onnx(net, str(onnx_path), "fp32", check_positions=32)
-    got = Network(str(onnx_path), backend="cpu").evaluate(planes)
+    played = Network(str(onnx_path), backend="cpu")
+    assert " bt-32x2x2h," in played.description   # what the engine's "loaded network" line says
+    got = played.evaluate(planes)
     for ours, theirs in zip(got, want):
         np.testing.assert_allclose(ours, theirs, atol=1e-4)
     # fp16 for the GPU runtimes, checked as it is written; no int8 (there is no convolution to quantize)
