@@ -79,3 +79,14 @@ def test_setup_ships_every_data_file_the_package_reads(package):
     data = {os.path.relpath(p, folder) for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
             if os.path.isfile(p) and "__pycache__" not in p and not p.endswith((".py", ".pyc", ".so"))}
     assert data and data <= shipped, sorted(data - shipped)
+
+
+def test_the_transformer_configs_are_their_towers_runs_with_an_attention_body():
+    from trainer.learner import net_config
+
+    gpu, gpu_bt = load_named_config("gpu"), load_named_config("gpu-bt")
+    assert dataclasses.replace(gpu_bt, model=gpu.model, optimizer=gpu.optimizer) == gpu
+    assert net_config(gpu_bt).name == "bt-256x10x8h" and gpu_bt.optimizer.lr < gpu.optimizer.lr
+    teacher, teacher_bt = load_named_config("teacher-6x64"), load_named_config("teacher-bt-64x6x4h")
+    assert dataclasses.replace(teacher_bt, model=teacher.model, optimizer=teacher.optimizer) == teacher
+    assert net_config(teacher_bt).body == "attention"
