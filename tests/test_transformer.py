@@ -225,3 +225,34 @@ def test_a_run_starts_from_an_lc0_transformer_and_refuses_one_of_another_input_f
     canonical.write_bytes(gzip.compress(L.with_input_format(gzip.decompress(source.read_bytes()), 3)))
     code, lines = run_learn(make_run(tmp_path / "other"), steps=2, init_from=str(canonical))
     assert code != 0 and any("input format 3" in line for line in lines), lines
+
+
+# --------------------------------------------------------------------------- under the daemon
+
+
+@pytest.mark.timeout(300)
+def test_a_transformer_plays_learns_and_is_published_under_the_daemon(tmp_path):
+    """``cyzero-train run`` with an attention body: the worker plays its generations (ONNX exports of the
+    transformer), the learner trains it, and each new generation is published and played."""
+    from test_training_run import CONFIG, played_generations, published, start_daemon, stop_daemon, wait_for
+
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    config = tmp_path / "bt.toml"
+    config.write_text(CONFIG.replace('net = "1x8"', 'net = "bt-16x1x2h"').replace('learner_devices = "cpu:2"',
+                                                                                 'learner_devices = "cpu:1"'))
+    log_path = str(tmp_path / "daemon.log")
+    daemon = start_daemon(run, log_path, str(config))
+    try:
+        wait_for(lambda: len(published(run)) >= 3, "two trained generations published", timeout=200,
+                 daemon=daemon, run=run)
+        wait_for(lambda: max(played_generations(run), default=0) >= 1, "games of a trained transformer",
+                 timeout=120, daemon=daemon, run=run)
+        stop_daemon(daemon, log_path)
+        newest = max(published(run))
+        onnx = os.path.join(run, "networks", f"gen-{newest:05d}.onnx")
+        assert " bt-16x1x2h," in Network(onnx, backend="cpu").description
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
