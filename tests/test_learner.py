@@ -180,6 +180,8 @@ def test_ema_and_swa_follow_their_formulas():
 
 KINDS = ("sgd", "adamw")
 CLIP = {"sgd": 0.0, "adamw": 1.0}  # SGD unclipped: clipping and Adam would hide a wrong gradient scale
+#: (network, optimiser) pairs the DDP check trains: a residual tower with both, an attention body with AdamW.
+DDP_CASES = [("2x16", kind) for kind in KINDS] + [("bt-16x1x2h", "adamw")]
 
 
 def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
@@ -189,14 +191,14 @@ def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     join_group("gloo", rank, 2, port)
     try:
-        for kind in KINDS:
-            net = build_net("2x16", seed=1)
+        for name, kind in DDP_CASES:
+            net = build_net(name, seed=1)
             model = DistributedDataParallel(net)
             opt = make_optimizer(net, OptimizerConfig(kind=kind, lr=0.05))
             for step in range(3):
                 half = synthetic_batch(16, seed=10 * step + rank)
                 train_step(model, opt, [half], LossConfig(), clip_grad_norm=CLIP[kind])
-            torch.save(dict(net.named_parameters()), os.path.join(out_dir, f"{kind}{rank}.pt"))
+            torch.save(dict(net.named_parameters()), os.path.join(out_dir, f"{name}-{kind}{rank}.pt"))
         # as the learner does: a rank that tore the group down while the other's gloo threads
         # still read from it once aborted that rank ("terminate called without an active exception")
         dist.barrier()
@@ -226,20 +228,21 @@ def test_the_ranks_store_holds_its_port_from_the_start():
 
 def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path, one_thread):
     """BatchNorm normalises each rank's half on its own, so the exact single-process equivalent
-    is gradient accumulation over the same two halves; weights must agree to float rounding."""
+    is gradient accumulation over the same two halves; weights must agree to float rounding (an
+    attention body's layer norms are per position, the same either way)."""
     store = rendezvous_store(2)
     mp.spawn(_ddp_rank, args=(store.port, str(tmp_path)), nprocs=2, join=True)
-    for kind in KINDS:
-        net = build_net("2x16", seed=1)
+    for name, kind in DDP_CASES:
+        net = build_net(name, seed=1)
         opt = make_optimizer(net, OptimizerConfig(kind=kind, lr=0.05))
         start = {k: v.detach().clone() for k, v in net.named_parameters()}
         for step in range(3):
             halves = [synthetic_batch(16, seed=10 * step + r) for r in range(2)]
             train_step(net, opt, halves, LossConfig(), clip_grad_norm=CLIP[kind])
-        ranks = [torch.load(tmp_path / f"{kind}{r}.pt", weights_only=True) for r in range(2)]
-        for name, param in net.named_parameters():
-            assert torch.equal(ranks[0][name], ranks[1][name]), name  # DDP keeps the ranks identical
-            assert torch.allclose(ranks[0][name], param.detach(), atol=1e-5, rtol=1e-4), (kind, name)
+        ranks = [torch.load(tmp_path / f"{name}-{kind}{r}.pt", weights_only=True) for r in range(2)]
+        for key, param in net.named_parameters():
+            assert torch.equal(ranks[0][key], ranks[1][key]), key  # DDP keeps the ranks identical
+            assert torch.allclose(ranks[0][key], param.detach(), atol=1e-5, rtol=1e-4), (name, kind, key)
         moved = max((p.detach() - start[n]).abs().max().item() for n, p in net.named_parameters())
         assert moved > 1e-3  # the comparison is not between untouched weights
 
