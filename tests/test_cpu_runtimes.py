@@ -252,3 +252,42 @@ def test_openvinos_cache_is_kept_to_its_size_oldest_first(tmp_path):
         os.utime(path, (1000 + i, 1000 + i))
     _prune_cache(str(tmp_path), 350)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["2.blob", "3.blob"]
+
+
+@pytest.mark.skipif(not (HAVE_OPENVINO and processor.native_bf16()),
+                    reason="OpenVINO bf16 needs OpenVINO and a processor with bfloat16 in hardware (AMX, AVX-512 BF16)")
+def test_an_attention_bodys_cpu_file_keeps_to_the_bf16_bound_on_real_positions(tmp_path):
+    """An attention body has no int8 variant: its CPU file is the fp32 export, which OpenVINO runs in
+    bf16 here; it keeps to the bound the bundled tower's bf16 keeps to (the trainer's transformer
+    fixture, a random network whose policy is far from uniform)."""
+    import torch
+
+    import lc0_files as L
+    from trainer.export import export_onnx
+    from trainer.model import InferenceNet
+
+    planes, masks = real_positions()
+    net = L.trainer_transformer()
+    with torch.no_grad():
+        ref_policy, ref_wdl = [t.numpy() for t in InferenceNet(net).eval()(torch.from_numpy(planes))][:2]
+    path = tmp_path / "bt.onnx"
+    export_onnx(net, str(path), "fp32", check_positions=16)
+    played = Network(str(path), backend="openvino", intra_threads=2, log=lambda line: None)
+    assert played.precision == "bf16"
+    policy, wdl, _ = played.evaluate(planes)
+    largest, mean, _ = errors(masks, policy, wdl, ref_policy, ref_wdl)
+    bound = BOUNDS["bf16"]
+    assert largest <= bound[0] and mean <= bound[1], (largest, mean)
+    # A random network's best moves are near ties, so its policy is checked as shares: each legal
+    # move's within a point of PyTorch's (measured 0.6), and the move bf16 ranks first never more
+    # than half a point below PyTorch's first (measured 0.2)
+    ours, theirs = _shares(policy, masks), _shares(ref_policy, masks)
+    assert np.abs(ours - theirs).max() < 0.01
+    chosen = theirs[np.arange(len(theirs)), ours.argmax(axis=1)]
+    assert (theirs.max(axis=1) - chosen).max() < 0.005
+
+
+def _shares(policy: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    logits = np.where(masks, policy, -np.inf)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
