@@ -10,6 +10,7 @@ drawn among its three best moves, seeded. One node is each engine's raw policy (
 more is the search on top of it.
 
     python docs/recipes/same-network.py NET --lc0 /path/to/lc0 [--nodes 1 300] [--positions 200] [--seed 1]
+        [--cyzero-backend cpu]
 
 Prints one line per node count: the share of positions with the same move, and each engine's seconds.
 """
@@ -34,6 +35,9 @@ def main() -> int:
     parser.add_argument("weights", type=Path, help="an lc0 network file both engines play")
     parser.add_argument("--lc0", required=True, help="lc0 v0.32.1")
     parser.add_argument("--backend", default="eigen", help="lc0's backend (default eigen)")
+    parser.add_argument("--cyzero-backend", default="auto",
+                        help="cyzero's Backend option (default auto: OpenVINO bf16 where the processor has it; "
+                             "cpu: ONNX Runtime in float32, lc0's own arithmetic)")
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 300])
     parser.add_argument("--positions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
@@ -42,7 +46,7 @@ def main() -> int:
     boards = same_search.positions(args.positions, args.seed, args.stockfish)
     weights = str(args.weights.resolve())
     cyzero = chess.engine.SimpleEngine.popen_uci([sys.executable, "-m", "uci"], cwd=str(REPO))
-    cyzero.configure({"Threads": 1, "WeightsFile": weights})
+    cyzero.configure({"Threads": 1, "WeightsFile": weights, "Backend": args.cyzero_backend})
     lc0 = chess.engine.SimpleEngine.popen_uci([args.lc0, f"--weights={weights}", "--threads=1",
                                                f"--backend={args.backend}"])
     try:
