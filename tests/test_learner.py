@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -412,6 +413,7 @@ def test_a_rank_that_dies_takes_the_group_down_with_a_clear_message(tmp_path, mo
     monkeypatch.delenv(EXIT_HOOK_ENV)
     code, lines = run_learn(run, devices="cpu:2", steps=6)
     assert code == 0, lines[-3:]
+    assert sum("joined the gloo group" in ln for ln in lines) == 2  # spawned ranks say it too
     assert any("resuming at step 2" in ln for ln in lines)
     assert list_checkpoints(run)[-1][0] == 6
 
@@ -868,6 +870,8 @@ def test_runs_unchanged_under_torchrun(tmp_path, one_thread):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [s for s, _ in list_checkpoints(run)] == [4]
     assert proc.stderr.count("learner: done at step 4") == 1  # rank 0 alone reports
+    for rank in (0, 1):  # but every rank says that it joined, and where
+        assert re.search(rf"learner: rank {rank} of 2 joined the gloo group on cpu \(.+, pid \d+\)", proc.stderr)
     generations = [json.loads(line) for line in open(os.path.join(run, "generations.jsonl"))]
     assert [g["step"] for g in generations] == [4]
 

@@ -1356,6 +1356,10 @@ def _run_rank(rank: int, world: int, local: int, launch: _Launch, log: Log,
         else:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=cfg.train.dist_timeout_s))
+        # every rank says so, not only rank 0 (which alone logs the training): under torchrun a
+        # node's log otherwise shows nothing of its ranks
+        log(f"learner: rank {rank} of {world} joined the {backend} group on {device} "
+            f"({socket.gethostname()}, pid {os.getpid()})")
     try:
         learner = _Learner(launch, rank, world, device, log)
         with stop_on_signals(learner.stop_requested, stop_signals):
