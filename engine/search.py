@@ -57,8 +57,11 @@ CPU_MINIBATCH = 8
 # gathers or backs up a batch, about 0.1 ms) before it is taken from the last info report instead.
 STOP_TREE_WAIT_S = 0.0003
 # A hard deadline that comes before the search's first evaluation is back waits for it this long at
-# most, looking every FIRST_EVALUATION_POLL_S (Searcher._stop_generation).
+# most, looking every FIRST_EVALUATION_POLL_S (Searcher._stop_generation); once the search has its
+# network (the root's evaluation is under way) up to FIRST_EVALUATION_LIMIT_S: the move that
+# stopping would play costs that same evaluation again, on the same busy machine.
 FIRST_EVALUATION_GRACE_S = 1.0
+FIRST_EVALUATION_LIMIT_S = 5.0
 FIRST_EVALUATION_POLL_S = 0.002
 # A search thread with nothing to gather (another's batch holds the leaves) waits at most this
 # long for that backup before it looks again (a stop is seen within this time).
@@ -1120,15 +1123,18 @@ class Searcher:
 
         At a deadline that came before anything was evaluated (the machine was busy, or a network
         was being built beside the search), it waits for the search's first evaluation, for at
-        most FIRST_EVALUATION_GRACE_S: stopping then would evaluate the root once more, beside
-        the evaluation already under way, only to play the policy's move unsearched. The search
-        ends itself once that evaluation is backed up, as its time is over.
+        most FIRST_EVALUATION_GRACE_S, or FIRST_EVALUATION_LIMIT_S once the search has its network:
+        stopping then would evaluate the root once more, beside the evaluation already under way,
+        only to play the policy's move unsearched (and no sooner: a CI machine running the test
+        suite on both cores beside a reload took more than a second). The search ends itself once
+        that evaluation is backed up, as its time is over.
         """
         with self._done_lock:
             if generation != self._generation or self._done:
                 return
             move = self._move
-            if (waited < FIRST_EVALUATION_GRACE_S and move is not None and move.legal and move.error is None
+            limit = FIRST_EVALUATION_LIMIT_S if move is not None and move.network_ready else FIRST_EVALUATION_GRACE_S
+            if (waited < limit and move is not None and move.legal and move.error is None
                     and self._network_failure is None and not self.tree.nodes):
                 self._watchdog = threading.Timer(FIRST_EVALUATION_POLL_S, self._stop_generation,
                                                  args=(generation, waited + FIRST_EVALUATION_POLL_S))
