@@ -155,8 +155,6 @@ def _conv_bn_block(module: ConvBN, weight: torch.Tensor | None = None) -> bytes:
             + _length_delimited(6, _layer(beta)))
 
 
-def _dense(module: nn.Linear, w_field: int, b_field: int) -> bytes:
-    return _length_delimited(w_field, _layer(module.weight)) + _length_delimited(b_field, _layer(module.bias))
 
 
 def _conv_policy_block(net: Net) -> bytes:
@@ -181,18 +179,18 @@ def _weights(net: Net, moves_left: bool) -> bytes:
     for block in net.blocks:
         residual = _length_delimited(1, _conv_bn_block(block.conv1)) + _length_delimited(2, _conv_bn_block(block.conv2))
         if block.se is not None:
-            residual += _length_delimited(3, _dense(block.se.fc1, 1, 2) + _dense(block.se.fc2, 3, 4))
+            residual += _length_delimited(3, _linear(block.se.fc1, 1, 2) + _linear(block.se.fc2, 3, 4))
         out += _length_delimited(2, residual)
     if c.policy_head == "conv":
         out += _length_delimited(11, _conv_bn_block(net.policy.conv1))
         out += _length_delimited(3, _conv_policy_block(net))
     else:
-        out += _length_delimited(3, _conv_bn_block(net.policy.conv)) + _dense(net.policy.fc, 4, 5)
+        out += _length_delimited(3, _conv_bn_block(net.policy.conv)) + _linear(net.policy.fc, 4, 5)
     out += _length_delimited(6, _conv_bn_block(net.value_conv))
-    out += _dense(net.value_fc1, 7, 8) + _dense(net.value_fc2, 9, 10)
+    out += _linear(net.value_fc1, 7, 8) + _linear(net.value_fc2, 9, 10)
     if moves_left:
         out += _length_delimited(12, _conv_bn_block(net.mlh_conv))
-        out += _dense(net.mlh_fc1, 13, 14) + _dense(net.mlh_fc2, 15, 16)
+        out += _linear(net.mlh_fc1, 13, 14) + _linear(net.mlh_fc2, 15, 16)
     return out
 
 
