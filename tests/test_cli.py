@@ -93,6 +93,28 @@ def test_make_engine_installs_the_engine_alone_and_make_test_the_rest(tmp_path):
         assert pythons == {f"{tmp_path / 'venv'}/bin/python"}, full      # one venv for all
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_train_takes_a_config_by_name_once(tmp_path):
+    """`make train ARGS='--config gpu'` passed --config twice (argparse kept the second); CONFIG=gpu
+    passes it once, a new run without CONFIG gets the CPU config, a resumed one its own config.toml."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "TESTS", "VENV", "TORCH", "CONFIG", "RUN")}
+    run = tmp_path / "run"
+
+    def command(*variables: str) -> str:
+        done = subprocess.run(["make", "-n", "-C", REPO, f"VENV={tmp_path / 'venv'}", f"RUN={run}", *variables,
+                               "train"], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if "cyzero-train run" in line][-1].strip()
+
+    assert command("CONFIG=gpu").count("--config") == 1 and command("CONFIG=gpu").endswith(f"run {run} --config gpu")
+    assert command().endswith(f"run {run} --config cpu")
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    assert "--config" not in command()
+    assert command("CONFIG=gpu").endswith("--config gpu")
+
+
 @needs_venv
 @pytest.mark.timeout(300)
 def test_make_test_lists_the_reasons_of_skipped_tests(tmp_path):

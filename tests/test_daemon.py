@@ -623,3 +623,98 @@ def test_games_are_held_out_for_validation_from_the_first_one_on(run_dir):
     assert total == 600 and sorted(stored_ids(run_dir)) == sorted(g.game_id for g in games)
     assert percent / 100 * total <= held <= percent / 100 * total + 10  # 5%, at most one game over
     assert any(not is_validation(a["name"], percent) for a in adds)
+
+
+def test_a_coordinator_starts_no_worker_and_no_learner_and_serves_remote_ones(run_dir):
+    """``--workers-per-device 0 --learner-devices none``: a cluster's coordinator. Nothing is started
+    here; a remote worker's games are stored, and a generation written by a learner elsewhere (into
+    the shared run folder) is announced."""
+    started = []
+
+    def never(*args):
+        started.append(args)
+        return SLEEP
+
+    cfg = config(daemon={"endpoint": "tcp://127.0.0.1:*"})
+    with Running(run_dir, cfg, worker=never, learner=never, workers_per_device=0, learner_devices="none") as running:
+        assert running.daemon._workers == {} and running.daemon._learner is None
+        assert any("no self-play worker on this machine" in line and "cyzero-train worker --connect tcp://" in line
+                   for line in running.lines)
+        assert any("no learner on this machine (--learner-devices = none)" in line for line in running.lines)
+        sub = Subscriber(running.info["publish"])
+        try:
+            with Client(running.info["endpoint"]) as client:
+                client.register("remote-1")
+                client.send(game(game_id="g-remote"))
+                assert client.expect(wire.Ack).game_ids == ("g-remote",)
+            add_generation(run_dir, 1)
+            assert sub.wait(1).generation == 1
+        finally:
+            sub.close()
+    assert started == [] and stored_ids(run_dir) == ["g-remote"]
+    with open(os.path.join(run_dir, "workers.json")) as f:
+        report = json.load(f)
+    assert "learner" not in report and report["devices"]["cpu"]["selfplay_workers"] == 0
+
+
+def test_workers_per_device_below_zero_is_refused(run_dir):
+    with pytest.raises(ValueError, match="0 \\(remote workers only\\) or more"):
+        Daemon(run_dir, config(), workers_per_device=-1)
+
+
+def test_status_names_the_addresses_a_remote_machine_dials_not_the_wildcard(run_dir, tmp_path):
+    from trainer.daemon import machine_addresses
+    from trainer.keys import create_keys
+    from trainer.report import format_status, run_status
+
+    keys = tmp_path / "keys"
+    create_keys(str(keys), ["worker"])
+    cfg = config(daemon={"endpoint": "tcp://0.0.0.0:*", "publish": "tcp://0.0.0.0:*", "fetch": "tcp://0.0.0.0:*",
+                         "keys": str(keys)})
+    with Running(run_dir, cfg) as running:
+        assert running.info["endpoint"].startswith("tcp://0.0.0.0:")
+        text = format_status(run_status(run_dir), time.time())
+    port = running.info["endpoint"].rsplit(":", 1)[1]
+    first = machine_addresses()[0]
+    assert f"workers connect to tcp://{first}:{port}" in text
+    assert "0.0.0.0" not in text and "//*" not in text
+    assert any(f"workers at tcp://{first}:{port}" in line for line in running.lines)
+
+
+def test_the_learner_gets_its_share_of_the_cores_and_the_workers_the_rest(run_dir, tmp_path):
+    """The learner beside a self-play worker trained at a fifth of its rate alone: torch took every
+    core and so did the worker's runtime. The learner gets daemon.learner_threads torch threads a rank
+    (OMP_NUM_THREADS), the workers run at daemon.worker_nice; daemon.learner_cores gives it cores of
+    its own (the workers get the others)."""
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs 2 usable cores")
+    seen = tmp_path / "learner-env"
+    learner = [sys.executable, "-c", f"import os, time; open({str(seen)!r}, 'w').write(os.environ.get('OMP_NUM_THREADS', '-')); "
+               "time.sleep(600)"]
+    cfg = config(daemon={"learner_cores": 1})
+    with Running(run_dir, cfg, learner=lambda *args: learner) as running:
+        daemon = running.daemon
+        wait_for(lambda: seen.exists() and seen.read_text(), what="the learner's environment")
+        assert seen.read_text() == "1"
+        learner_pid = daemon._learner.proc.pid
+        worker_pid = daemon._workers["local-cpu-0"].child.proc.pid
+        assert os.sched_getaffinity(learner_pid) == {usable[-1]}
+        assert os.sched_getaffinity(worker_pid) == set(usable[:-1])
+        assert any(f"the learner has [{usable[-1]}] to itself" in line for line in running.lines)
+        command = Daemon.worker_command(daemon, "cpu", 0, "tcp://127.0.0.1:1", 8, 1, None)
+        assert command[-2:] == ["--nice", "10"]
+    with pytest.raises(ValueError, match="leaves the workers none"):
+        Daemon(run_dir, config(daemon={"learner_cores": len(usable)})).start()
+
+
+def test_a_worker_started_with_nice_runs_lower_in_priority():
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    worker = subprocess.Popen([sys.executable, "-m", "trainer.cli", "worker", "--connect", "tcp://127.0.0.1:9",
+                               "--nice", "7"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, worker.pid) == min(19, before + 7), timeout=30,
+                 what="the worker's niceness")
+    finally:
+        worker.kill()
+        worker.wait()

@@ -33,6 +33,11 @@ def test_the_lines_say_games_speed_step_rate_window_and_the_next_generation():
     assert nxt == "next gen   generation 1 at step 100: in about 2.5 min"
     assert display_lines({"selfplay": None, "learner": None, "data": {}, "next_generation": None}) == (
         "self-play  no game yet", "learner    not started yet")
+    # a coordinator (--learner-devices none): the daemon's workers.json has no learner of its own
+    coordinator = {"selfplay": None, "learner": None, "data": {}, "next_generation": None,
+                   "workers": {"learner": None, "workers": []}}
+    assert display_lines(coordinator)[1] == ("learner    none on this machine: a learner elsewhere writes into the "
+                                             "run folder (none has yet)")
 
 
 class Clock:

@@ -329,6 +329,39 @@ def test_cap_starves_the_loader_until_new_data_arrives(tmp_path):
         next(ReplayLoader(empty.store, empty, workers=0))
 
 
+def test_the_loader_keeps_its_worker_processes_from_one_snapshot_to_the_next(tmp_path):
+    """Under the daemon the learner reaches the cap, waits for games and takes a new snapshot many
+    times an hour: the loader's worker processes are started once, each new plan goes to the same
+    ones, and the batches are those a loader without workers gives (the plan, not the workers,
+    decides them). Its rates say what the workers could deliver and how long the caller waited."""
+    def play(workers):
+        store = ReplayStore(tmp_path / f"w{workers}")
+        _fill(store, [40, 40])
+        window = WindowConfig(floor=1000, max_samples_per_position=2.0, **NO_VAL)
+        sampler = ReplaySampler(store, window, batch_size=32, seed=3)
+        got, pids = [], []
+        with ReplayLoader(store, sampler, workers=workers, prefetch=2) as loader:
+            for start in (80, 120, 160, 200):
+                while True:
+                    try:
+                        got.append(_ids(next(loader)))
+                    except DataStarved:
+                        break
+                    if workers:
+                        pids.append(tuple(sorted(w.pid for w in loader._iter._workers)))
+                _fill(store, [40], start=start)   # new games
+                sampler.refresh()
+            rates = loader.rates(busy_s=1.0)
+            assert loader.plans == 4
+        return got, set(pids), rates
+
+    direct, _, _ = play(0)
+    pooled, pids, rates = play(2)
+    assert len(direct) == 5 + 2 + 3 + 2 and all(np.array_equal(a, b) for a, b in zip(direct, pooled))
+    assert len(pids) == 1 and len(next(iter(pids))) == 2       # the same two processes for all four plans
+    assert rates["loader_samples_per_s"] > 0 and 0 <= rates["loader_wait_share"] <= 1
+
+
 def test_a_resumed_cursor_plans_and_loads_the_same_batches(tmp_path):
     store = ReplayStore(tmp_path)
     _fill(store, [30, 50, 20])

@@ -166,7 +166,7 @@ def test_plot_gives_each_quantity_its_panel_and_log_scales_where_values_span_dec
     assert not any("grad_norm" in series for _, series in loss.values())
     assert panels(files["grad_norm.png"]) == {"gradient norm (before clipping)": ("linear", ["grad_norm"])}
     assert panels(files["throughput.png"]) == {
-        "training rate (waits for games left out)": ("linear", ["samples_per_s"]),
+        "positions a second: trained, and what the replay loader could deliver": ("linear", ["samples_per_s"]),
         "sampling window": ("log", ["window"]),
         "generation exported": ("linear", ["generation"])}
     assert panels(files["learning_rate.png"]) == {"learning rate": ("log", ["lr"])}  # the warm-up spans decades

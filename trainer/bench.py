@@ -73,7 +73,7 @@ def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int) -> No
         store.append_games([base[rng.integers(0, len(base), chunk_positions)]], generation=0, source="bench")
 
 
-def _raw_rates(net_name: str, batch, device: torch.device, amp: str, interval: int, intervals: int) -> list[float]:
+def _raw_rates(net_name, batch, device: torch.device, amp: str, interval: int, intervals: int) -> list[float]:
     """samples/s of train_step alone on one batch, per ``interval`` steps (after one interval of warm-up)."""
     from trainer.config import LossConfig, OptimizerConfig
     from trainer.learner import make_optimizer, train_step
@@ -98,12 +98,13 @@ def _raw_rates(net_name: str, batch, device: torch.device, amp: str, interval: i
     return rates
 
 
-def _learner_rate(base: str, devices: str, config_text: str, steps: int) -> float:
-    """samples/s of ``learn`` on the store in ``base`` (median of the log intervals after the first)."""
+def _learner_rate(base: str, devices: str, config_text: str, steps: int, replay: str | None = None) -> float:
+    """samples/s of ``learn`` on the store in ``base`` (or the replay folder ``replay``), the median
+    of the log intervals after the first."""
     from trainer.learner import learn
 
     run = tempfile.mkdtemp(prefix="run-", dir=base)
-    os.symlink(os.path.join(base, "store", "replay"), os.path.join(run, "replay"))
+    os.symlink(replay or os.path.join(base, "store", "replay"), os.path.join(run, "replay"))
     with open(os.path.join(run, "config.toml"), "w", encoding="utf-8") as f:
         f.write(config_text)
     lines: list[str] = []
@@ -119,6 +120,27 @@ def _learner_rate(base: str, devices: str, config_text: str, steps: int) -> floa
     if len(rates) < 2:
         raise RuntimeError(f"learn --devices {devices} logged {len(rates)} intervals; need at least 2")
     return statistics.median(rates[1:])
+
+
+DAEMON_INTERVALS = 20  # bench train --run: the run's last this many log intervals with a rate
+
+
+def _daemon_rate(run_dir: str, bench_rate: float) -> dict:
+    """The run learner's own samples/s under the daemon (RUN/metrics.jsonl: the median of its last
+    :data:`DAEMON_INTERVALS` log intervals, each measured while training, waits for games left
+    out) and its share of ``bench_rate``; empty when the run has no rate yet."""
+    from trainer.report import METRICS_FILE, _lines
+
+    rows = [r for r in _lines(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("samples_per_s"), (int, float))]
+    rows = rows[1:][-DAEMON_INTERVALS:]  # the first interval holds the warm-up
+    if not rows:
+        return {}
+    rate = statistics.median(r["samples_per_s"] for r in rows)
+    out = {"daemon_samples_per_s": rate, "daemon_over_learner": rate / bench_rate, "daemon_intervals": len(rows)}
+    loaders = [r["loader_samples_per_s"] for r in rows if isinstance(r.get("loader_samples_per_s"), (int, float))]
+    if loaders:
+        out["daemon_loader_samples_per_s"] = statistics.median(loaders)
+    return out
 
 
 def _restore_env(name: str, value: str | None) -> None:
@@ -142,6 +164,8 @@ def format_report(figures: dict) -> str:
         + f"), {f['steps']} learner steps per run",
         f"  raw forward-backward-step   {f['raw_samples_per_s']:>10,.0f} samples/s",
     ]
+    if f.get("run"):
+        lines[0] += f"; on the replay store of {f['run']}"
     for key, label in (("learner_1_rank", "learner, 1 rank"), ("learner_2_ranks", "learner, 2 ranks")):
         if key + "_samples_per_s" in f:
             lines.append(f"  {label:<27} {f[key + '_samples_per_s']:>10,.0f} samples/s  "
@@ -151,6 +175,15 @@ def format_report(figures: dict) -> str:
                  f"{mark(f['learner_1_rank_over_raw'] >= 0.9)})")
     lines.append(f"  loader / learner     {f['loader_over_learner']:.1f}x  (target >= 5x: "
                  f"{mark(f['loader_over_learner'] >= 5)})")
+    if f.get("daemon_samples_per_s"):
+        lines.append(f"  under the daemon     {f['daemon_samples_per_s']:,.0f} samples/s, {f['daemon_over_learner']:.0%} of "
+                     f"the learner here (target >= 90%: {mark(f['daemon_over_learner'] >= 0.9)}; median of "
+                     f"{f['daemon_intervals']} log intervals of RUN/metrics.jsonl"
+                     + (f", loader {f['daemon_loader_samples_per_s']:,.0f} samples/s" if f.get("daemon_loader_samples_per_s")
+                        else "") + ")")
+    elif f.get("run"):
+        lines.append("  under the daemon     no rate in RUN/metrics.jsonl yet (the learner logs one every log.interval "
+                     "steps of training)")
     if "learner_2_ranks_over_1" in f:
         lines.append(f"  2 ranks / 1 rank     {f['learner_2_ranks_over_1']:.2f}x  (ideal 2x: the global batch split "
                      "over twice the devices)")
@@ -171,9 +204,16 @@ def bench_train(
     chunks: int = 8,
     chunk_positions: int = 1024,
     seed: int = 0,
+    run_dir: str | None = None,
     log: Callable[[str], Any] | None = None,
 ) -> dict:
     """Measure raw step, learner (1 and 2 ranks) and loader samples/s in one run; returns the figures.
+
+    ``run_dir`` (``--run``): on that run's replay store, with its config's network, batch size,
+    loader workers and learner threads (``daemon.learner_threads``), one rank: the learner as the
+    daemon runs it, measured alone, beside the rate the run's learner logged under the daemon
+    (``daemon_over_learner``, the share of its own rate it keeps there; nothing in the run is
+    written but the replay cache).
 
     ``device``: "cpu" or "cuda" (default: cuda when there is a GPU). Two ranks run on a CPU,
     and on CUDA when there are two GPUs. ``rank_workers``: loader workers per learner rank
@@ -192,14 +232,27 @@ def bench_train(
     if steps < 2 * log_interval:
         raise ValueError(f"steps ({steps}) must cover at least two log intervals of {log_interval}")
     torch_device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+    base_config = default_config()
+    if run_dir is not None:
+        from trainer.config import load_run_config
+        from trainer.report import check_run_dir
+
+        run_dir = check_run_dir(run_dir)
+        base_config = load_run_config(run_dir)
+        net, batch_size = base_config.model.net, base_config.train.batch_size
+        rank_workers = base_config.replay.workers if rank_workers is None else rank_workers
+        threads = base_config.daemon.learner_threads or threads
     if rank_workers is None:
-        rank_workers = default_config().replay.workers
-    config = default_config().replace(
+        rank_workers = base_config.replay.workers
+    config = base_config.replace(
         model={"net": net},
         optimizer={"warmup_steps": 0},
-        train={"batch_size": batch_size, "checkpoint_every": 10 * steps, "average": "none", "seed": seed},
-        replay={"floor": 10**9, "val_percent": 0.0, "workers": rank_workers, "validation_positions": 0,
-                "max_samples_per_position": 1e6},
+        train={"batch_size": batch_size, "checkpoint_every": 10 * steps, "average": "none", "seed": seed,
+               "init_from": ""},
+        replay={"val_percent": 0.0 if run_dir is None else base_config.replay.val_percent,
+                "floor": 10**9 if run_dir is None else base_config.replay.floor, "workers": rank_workers,
+                "validation_positions": 0, "max_samples_per_position": 1e6, "keep_positions": 0,
+                "keep_networks": 0},
         log={"interval": log_interval},
     )
     figures: dict[str, Any] = {
@@ -212,17 +265,22 @@ def bench_train(
         "loader_workers": loader_workers,
         "rank_workers": rank_workers,
         "threads_per_rank": threads if kind == "cpu" else None,
+        "run": run_dir,
     }
     with contextlib.ExitStack() as stack:
         base = stack.enter_context(tempfile.TemporaryDirectory(prefix="cyzero-bench-train-"))
         if kind == "cpu":
             stack.callback(_restore_env, "OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
         start = time.perf_counter()
-        _make_store(os.path.join(base, "store"), chunks, chunk_positions, seed)
-        log(f"bench train: store of {chunks} x {chunk_positions} synthetic positions in "
-            f"{time.perf_counter() - start:.1f} s")
-        store = ReplayStore(os.path.join(base, "store"))
-        window = WindowConfig(floor=10**9, val_percent=0.0)
+        if run_dir is None:
+            _make_store(os.path.join(base, "store"), chunks, chunk_positions, seed)
+            log(f"bench train: store of {chunks} x {chunk_positions} synthetic positions in "
+                f"{time.perf_counter() - start:.1f} s")
+            store = ReplayStore(os.path.join(base, "store"))
+            window = WindowConfig(floor=10**9, val_percent=0.0)
+        else:
+            store = ReplayStore(run_dir)
+            window = config.replay
 
         sampler = ReplaySampler(store, dataclasses.replace(window, max_samples_per_position=1e6), batch_size,
                                 seed=seed)
@@ -236,11 +294,16 @@ def bench_train(
             from trainer.learner import configure_device
 
             configure_device(torch_device)
-        raw = _raw_rates(net, batch, torch_device, config.train.amp, log_interval, intervals)
+        from trainer.learner import net_config
+
+        shape = net_config(config)
+        raw = _raw_rates(shape, batch, torch_device, config.train.amp, log_interval, intervals)
         log(f"bench train: raw {statistics.median(raw):,.0f} samples/s")
 
         runs = [("learner_1_rank", f"{kind}:1" if kind == "cpu" else "cuda:0")]
-        if kind == "cpu":
+        if run_dir is not None:
+            pass  # one rank, as the daemon's learner
+        elif kind == "cpu":
             runs.append(("learner_2_ranks", "cpu:2"))
         elif torch.cuda.device_count() >= 2:
             runs.append(("learner_2_ranks", "cuda:0,1"))
@@ -248,11 +311,12 @@ def bench_train(
         for key, devices in runs:
             if kind == "cpu":  # spawned ranks divide torch's default threads (OMP_NUM_THREADS) among them
                 os.environ["OMP_NUM_THREADS"] = str(threads * int(devices.split(":")[1]))
-            learner[key] = _learner_rate(base, devices, to_toml(config), steps)
+            learner[key] = _learner_rate(base, devices, to_toml(config), steps,
+                                         None if run_dir is None else str(store.dir))
             log(f"bench train: {key.replace('_', ' ')} ({devices}) {learner[key]:,.0f} samples/s")
         # The raw rate again after the learners, so that both sides sample the machine's load
         # (shared machines vary) over the same span; the median of all raw intervals counts.
-        raw += _raw_rates(net, batch, torch_device, config.train.amp, log_interval, intervals)
+        raw += _raw_rates(shape, batch, torch_device, config.train.amp, log_interval, intervals)
         figures["raw_samples_per_s"] = statistics.median(raw)
         for key, rate in learner.items():
             figures[key + "_samples_per_s"] = rate
@@ -262,6 +326,8 @@ def bench_train(
                                                             batches=max(8, steps))
         log(f"bench train: loader {figures['loader_samples_per_s']:,.0f} samples/s")
     figures["loader_over_learner"] = figures["loader_samples_per_s"] / figures["learner_1_rank_samples_per_s"]
+    if run_dir is not None:
+        figures.update(_daemon_rate(run_dir, figures["learner_1_rank_samples_per_s"]))
     if "learner_2_ranks_samples_per_s" in figures:
         figures["learner_2_ranks_over_1"] = (figures["learner_2_ranks_samples_per_s"]
                                              / figures["learner_1_rank_samples_per_s"])

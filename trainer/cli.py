@@ -193,12 +193,14 @@ def _build_parser() -> argparse.ArgumentParser:
                           "stay); the config in use is RUN/config.effective.toml")
     run.add_argument("--devices", default=None, help="self-play devices: cpu, or cuda:0,1,... (default: daemon.devices)")
     run.add_argument("--workers-per-device", type=int, default=None, metavar="K",
-                     help="self-play worker processes per device (default: daemon.workers_per_device)")
+                     help="self-play worker processes per device (default: daemon.workers_per_device); 0: "
+                          "none on this machine, the daemon serves remote workers only")
     run.add_argument("--simulate-gpu", action="store_true",
                      help="self-play workers on cuda:N run their network on the GPU stand-in "
                           "(engine.tools.gpu_standin) instead of a GPU: the GPU path without one")
     run.add_argument("--learner-devices", default=None,
-                     help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices)")
+                     help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices); "
+                          "none: no learner here (it runs elsewhere, writing into the same run folder)")
     run.add_argument("--init-from", metavar="FILE", default=None,
                      help="a new run starts from this network (generation 0): an lc0 weights file (.pb.gz, .pb), "
                           "a cyzero fp32 ONNX export or a cyzero checkpoint; its shape replaces the config's "
@@ -216,6 +218,10 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--games", type=int, default=None,
                         help="games played at once (default: the run's selfplay.games_per_worker)")
     worker.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads on a CPU (default: its own)")
+    worker.add_argument("--nice", type=int, default=0, metavar="N",
+                        help="run at this much lower priority (os.nice): a learner or anything else on the machine "
+                             "gets the cores first when it needs them, self-play the rest (the daemon's local "
+                             "workers: daemon.worker_nice)")
     worker.add_argument("--simulate-gpu", action="store_true",
                         help="on cuda:N, run the network on the GPU stand-in (engine.tools.gpu_standin)")
 
@@ -241,6 +247,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="(selfplay) run the network on the GPU stand-in (engine.tools.gpu_standin: h100, an "
                             "H100's costs for a 6x64, or h200: half of them; a stall at each new input shape) as "
                             "a GPU worker would (default profile: h100)")
+    bench.add_argument("--run", metavar="RUN_DIR", default=None,
+                       help="(train) on this run's replay store and config (network, batch, loader workers, "
+                            "learner threads), beside the rate its learner logged under the daemon")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -589,7 +598,11 @@ def bench_main(args: argparse.Namespace) -> int:
         return 0
     from trainer.bench import bench_train
 
-    figures = bench_train(print_report=not args.json)
+    try:
+        figures = bench_train(print_report=not args.json, run_dir=args.run)
+    except ValueError as e:
+        print(f"cyzero-train bench train: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(figures, indent=2))
     return 0
@@ -616,6 +629,12 @@ def run_main(args: argparse.Namespace) -> int:
 
 def worker_main(args: argparse.Namespace) -> int:
     from trainer.worker import run_workers
+
+    if args.nice:  # before any thread starts: they inherit it
+        try:
+            os.nice(args.nice)
+        except OSError as e:
+            print(f"cyzero-train worker: --nice {args.nice} not applied: {e}", file=sys.stderr)
 
     return run_workers(args.connect, keys=args.keys, devices=args.devices, name=args.name, games=args.games,
                        threads=args.threads, simulate_gpu=args.simulate_gpu)

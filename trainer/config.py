@@ -259,10 +259,22 @@ class DaemonConfig:
     keys: str = _f("", "the folder `cyzero-train keys` made: CurveZMQ on every socket, only its authorized "
                    "clients admitted; required when an endpoint is not loopback")
     devices: str = _f("cpu", "self-play devices: cpu, or cuda:0,1,... (--devices overrides)")
-    workers_per_device: int = _f(1, "self-play worker processes per device (--workers-per-device)", min=1)
-    learner_devices: str = _f("cpu:1", "the learner's devices: cpu:N or cuda:0,1,... (--learner-devices)")
+    workers_per_device: int = _f(1, "self-play worker processes per device (--workers-per-device); 0: none "
+                                 "here, the daemon serves remote workers only (a cluster's coordinator)", min=0)
+    learner_devices: str = _f("cpu:1", "the learner's devices: cpu:N or cuda:0,1,... (--learner-devices); "
+                              "none: no learner here (one runs elsewhere, under torchrun, on the shared run "
+                              "folder)")
     worker_threads: int = _f(0, "ONNX Runtime threads per CPU worker (0: the cores shared among the "
                              "CPU workers)", min=0)
+    worker_nice: int = _f(10, "local self-play workers run this much lower in priority (nice) than the "
+                          "learner: while it trains it has its cores, while it waits for games self-play "
+                          "has them all (0: the same priority)", min=0, max=19)
+    learner_threads: int = _f(1, "torch threads per CPU learner rank under the daemon (0: torch's default, "
+                              "every core: it then competes with self-play for all of them)", min=0)
+    learner_cores: int = _f(0, "cores given to a CPU learner alone (its affinity; the local workers get the "
+                            "others): it trains at its full rate, but self-play loses those cores while the "
+                            "learner waits for games. 0: every process may use every core, the workers lower in "
+                            "priority (worker_nice)", min=0)
     heartbeat_timeout_s: float = _f(120.0, "a local worker silent this long is killed and restarted",
                                     above=0.0)
     flush_s: float = _f(5.0, "longest wait before received games are written to the store (one chunk per "

@@ -45,7 +45,7 @@ from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, load_config, load_run_config, named_config_path,
 )
-from trainer.report import describe_share  # the words status uses too (report imports nothing heavy)
+from trainer.report import describe_share, reachable  # the words status uses too (report imports nothing heavy)
 
 __all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
            "PUBLISHED_FILE", "GATING_FILE"]
@@ -136,6 +136,24 @@ def _wildcard(endpoint: str) -> str:
     return endpoint.replace("//0.0.0.0:", "//*:").replace("//[::]:", "//*:")
 
 
+def machine_addresses() -> list[str]:
+    """This machine's addresses another machine may reach it at (not loopback), best first: the
+    one the default route leaves from, the host name's own, then the host name itself."""
+    found: list[str] = []
+    try:  # a UDP "connect" sends nothing: it only asks the kernel which address the route uses
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never a real peer
+            found.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
+    except OSError:
+        pass
+    addresses = [a for a in dict.fromkeys(found) if not _is_loopback(a) and a != "0.0.0.0"]
+    return addresses + [socket.gethostname()]
+
+
 def _local(endpoint: str) -> str:
     """Where a local child connects to a bound endpoint (a wildcard means this host: loopback)."""
     return endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
@@ -176,8 +194,11 @@ class _Limited:
 class _Child:
     """A supervised process (a local worker or the learner): started, watched, restarted with backoff."""
 
-    def __init__(self, name: str, command: list[str], log_path: str, base_backoff: float):
+    def __init__(self, name: str, command: list[str], log_path: str, base_backoff: float,
+                 env: Optional[dict[str, str]] = None):
         self.name, self.command, self.log_path = name, command, log_path
+        self.env = env or {}  # added to the daemon's environment
+        self.cores: Optional[set[int]] = None  # its CPU affinity (None: the daemon's)
         self.base_backoff = base_backoff
         self.backoff = base_backoff
         self.proc: Optional[subprocess.Popen] = None
@@ -194,9 +215,14 @@ class _Child:
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "ab") as out:  # the child holds its own descriptor
             # EXIT_WITH_PARENT_ENV: a SIGKILLed daemon leaves no worker or learner behind
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **{EXIT_WITH_PARENT_ENV: str(os.getpid())})
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env, **{EXIT_WITH_PARENT_ENV: str(os.getpid())})
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)  # the daemon orders its stop
+        if self.cores is not None:  # at once: the threads and processes it starts inherit it
+            try:
+                os.sched_setaffinity(self.proc.pid, self.cores)
+            except OSError:
+                pass  # it has just exited; the supervisor sees it
         if self.spawned:
             self.restarts += 1
         self.spawned += 1
@@ -245,11 +271,17 @@ class _Worker:
 
 
 
+NO_LEARNER = "none"  # daemon.learner_devices for a daemon that starts no learner (one runs elsewhere)
+
+
 def learner_ranks(learner_devices: str) -> dict[str, int]:
-    """The learner's ranks per device: ``cpu:N`` is N ranks on the CPU, ``cuda:0,1`` one rank a GPU."""
+    """The learner's ranks per device: ``cpu:N`` is N ranks on the CPU, ``cuda:0,1`` one rank a GPU,
+    :data:`NO_LEARNER` none here."""
     from trainer.worker import parse_devices
 
     text = str(learner_devices).strip().lower()
+    if text == NO_LEARNER:
+        return {}
     if text == "cpu" or text.startswith("cpu:"):
         count = text.partition(":")[2]
         return {"cpu": int(count) if count.isdigit() and int(count) > 0 else 1}
@@ -317,8 +349,9 @@ class Daemon:
         self._devices_flag = "--devices" if devices is not None else "daemon.devices"
         self.devices = parse_devices(devices if devices is not None else d.devices)
         self.workers_per_device = workers_per_device if workers_per_device is not None else d.workers_per_device
-        if not isinstance(self.workers_per_device, int) or self.workers_per_device < 1:
-            raise ValueError(f"workers per device must be at least 1, got {self.workers_per_device!r}")
+        if not isinstance(self.workers_per_device, int) or self.workers_per_device < 0:
+            raise ValueError(f"workers per device must be 0 (remote workers only) or more, "
+                             f"got {self.workers_per_device!r}")
         self.learner_devices = learner_devices if learner_devices is not None else d.learner_devices
         self._learner_flag = "--learner-devices" if learner_devices is not None else "daemon.learner_devices"
         self.simulate_gpu = simulate_gpu   # the GPU workers' networks run on the stand-in
@@ -354,6 +387,7 @@ class Daemon:
         self._started = False
         self._stopped = False
         self.endpoint = self.publish = self.fetch = ""
+        self.addresses = machine_addresses()  # where remote machines reach a wildcard bind
 
     # -- commands --------------------------------------------------------------------------
 
@@ -368,6 +402,8 @@ class Daemon:
             command += ["--keys", keys_dir]
         if self.simulate_gpu and device != "cpu":
             command.append("--simulate-gpu")
+        if self.config.daemon.worker_nice:
+            command += ["--nice", str(self.config.daemon.worker_nice)]
         return command
 
     def learner_command(self, run_dir: str, learner_devices: str) -> list[str]:
@@ -375,6 +411,48 @@ class Daemon:
         written at start); it resumes at its checkpoint."""
         return [sys.executable, "-m", "trainer.cli", "learn", run_dir, "--devices", learner_devices, "--follow",
                 "--no-progress", "--config", os.path.join(run_dir, EFFECTIVE_CONFIG_FILE)]
+
+    def advertised(self, endpoint: str) -> str:
+        """``endpoint`` as a remote machine dials it (its first reachable form)."""
+        return reachable(endpoint, self.addresses)[0]
+
+    @property
+    def remote_learner(self) -> bool:
+        """No learner child: ``learner_devices`` is :data:`NO_LEARNER` (a torchrun learner elsewhere
+        writes the run's checkpoints and generations; the daemon publishes what it exports)."""
+        return str(self.learner_devices).strip().lower() == NO_LEARNER
+
+    def core_split(self) -> tuple[Optional[set[int]], Optional[set[int]]]:
+        """(the learner's cores, the workers') with ``daemon.learner_cores``: the last N of the cores this
+        process may use go to a CPU learner, the others to the workers; (None, None): all share all."""
+        n = self.config.daemon.learner_cores
+        if not n or self.remote_learner or "cpu" not in learner_ranks(self.learner_devices):
+            return None, None
+        usable = sorted(os.sched_getaffinity(0))
+        if n >= len(usable):
+            raise ValueError(f"daemon.learner_cores = {n} leaves the workers none of the {len(usable)} usable cores")
+        return set(usable[-n:]), set(usable[:-n])
+
+    def describe_cores(self) -> str:
+        """How the CPU's cores are shared between the learner and the local workers, in one line."""
+        learner, workers = self.core_split()
+        d = self.config.daemon
+        threads = f"{d.learner_threads} torch thread(s) a learner rank" if d.learner_threads else "torch's own threads"
+        if learner is not None:
+            return (f"cores: the learner has {sorted(learner)} to itself ({threads}), the workers {sorted(workers or ())} "
+                    "(daemon.learner_cores)")
+        nice = f", the workers at nice {d.worker_nice} (the learner first when it trains)" if d.worker_nice else ""
+        return f"cores: all {usable_cores()} shared ({threads}{nice}; daemon.learner_cores gives the learner its own)"
+
+    def learner_env(self) -> dict[str, str]:
+        """The learner's torch threads on a CPU (OMP_NUM_THREADS, which its ranks divide among them):
+        ``daemon.learner_threads`` a rank, so that it and the self-play workers (lower in priority,
+        ``daemon.worker_nice``) do not all spin on every core. Torch's default took both cores of a
+        2-core machine beside a worker's two ONNX Runtime threads, and the learner trained at a fifth
+        of its rate alone."""
+        threads = self.config.daemon.learner_threads
+        ranks = learner_ranks(self.learner_devices).get("cpu", 0)
+        return {"OMP_NUM_THREADS": str(threads * ranks)} if threads and ranks else {}
 
     @staticmethod
     def worker_id(device: str, k: int) -> str:
@@ -397,7 +475,8 @@ class Daemon:
         gpus = [int(device.split(":")[1]) for device in self.devices if device != "cpu"]
         if gpus and not self.simulate_gpu:
             check_cuda(",".join(self.devices), gpus, self._devices_flag)
-        learner_devices(self.learner_devices, self._learner_flag)
+        if not self.remote_learner:
+            learner_devices(self.learner_devices, self._learner_flag)
 
     def start(self) -> None:
         """Check the devices, lock the run, create generation 0, bind, announce and start the children;
@@ -405,6 +484,7 @@ class Daemon:
         d = self.config.daemon
         check_bind([d.endpoint, d.publish, d.fetch], d.keys)
         self.check_devices()
+        self.core_split()  # a learner_cores that leaves the workers nothing is the config's fault
         os.makedirs(self.run_dir, exist_ok=True)
         self._take_lock()
         try:
@@ -450,10 +530,19 @@ class Daemon:
         if self.config.gating.enabled:
             self._gate_thread = threading.Thread(target=self._gating, name="cyzero-gating", daemon=True)
             self._gate_thread.start()
-        self.log(f"serving {self.name}: workers at {self.endpoint}, announcements at {self.publish}"
+        self.log(f"serving {self.name}: workers at {self.advertised(self.endpoint)}, announcements at "
+                 f"{self.advertised(self.publish)}"
                  f"{' (CurveZMQ)' if self.keys_dir else ''}; generation {self._current_generation()}")
         for device, share in self.device_split().items():
             self.log(f"{device}: {describe_share(share)}")
+        self.log(self.describe_cores())
+        if not self._workers:
+            self.log(f"no self-play worker on this machine: the games come from remote workers "
+                     f"(`cyzero-train worker --connect {self.advertised(self.endpoint)}`)")
+        if self.remote_learner:
+            self.log(f"no learner on this machine ({self._learner_flag} = {NO_LEARNER}): the networks come from a "
+                     f"learner elsewhere that writes into {self.run_dir} (`cyzero-train learn RUN --follow`, "
+                     "under torchrun on a shared folder)")
 
     def _resolve_openings(self) -> tuple[str, ...]:
         """selfplay.openings as FENs: bundled, a file relative to the run, or none."""
@@ -525,7 +614,8 @@ class Daemon:
 
     def _write_daemon_json(self) -> None:
         info = {"pid": os.getpid(), "started": time.time(), "run": self.name, "endpoint": self.endpoint,
-                "publish": self.publish, "fetch": self.fetch, "keys": self.keys_dir is not None}
+                "publish": self.publish, "fetch": self.fetch, "keys": self.keys_dir is not None,
+                "addresses": self.addresses}
         atomic_write_text(os.path.join(self.run_dir, DAEMON_FILE), json.dumps(info, indent=1) + "\n")
 
     # -- children --------------------------------------------------------------------------
@@ -533,19 +623,25 @@ class Daemon:
     def _start_children(self) -> None:
         d = self.config.daemon
         logs = os.path.join(self.run_dir, LOG_DIR)
-        self._learner = _Child("learner", self.learner_command(self.run_dir, self.learner_devices),
-                               os.path.join(logs, "learner.log"), d.restart_backoff_s)
+        if not self.remote_learner:
+            self._learner = _Child("learner", self.learner_command(self.run_dir, self.learner_devices),
+                                   os.path.join(logs, "learner.log"), d.restart_backoff_s, env=self.learner_env())
+        learner_cores, worker_cores = self.core_split()
+        if self._learner is not None:
+            self._learner.cores = learner_cores
         cpu_workers = sum(self.workers_per_device for device in self.devices if device == "cpu")
         connect = _local(self.endpoint)
         client_keys = os.path.join(self.keys_dir, "clients", "local") if self.keys_dir else None
         for device in self.devices:
             cpu = device == "cpu"
             games = self.config.selfplay.games_per_worker or (32 if cpu else 256)
-            threads = (d.worker_threads or max(1, usable_cores() // cpu_workers)) if cpu else None
+            cores = len(worker_cores) if worker_cores is not None else usable_cores()
+            threads = (d.worker_threads or max(1, cores // max(1, cpu_workers))) if cpu else None
             for k in range(self.workers_per_device):
                 wid = self.worker_id(device, k)
                 child = _Child(wid, self.worker_command(device, k, connect, games, threads, client_keys),
                                os.path.join(logs, f"worker-{device.replace(':', '')}-{k}.log"), d.restart_backoff_s)
+                child.cores = worker_cores
                 self._workers[wid] = _Worker(wid, host=socket.gethostname(), devices=(device,), local=True,
                                              child=child)
         self._supervise()

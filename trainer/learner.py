@@ -1125,6 +1125,7 @@ class _Reporter:
         self._waiting_since: float | None = None
         self._waited_s = 0.0
         self._interval_wait = 0.0  # seconds waited for data since the samples/s clock started
+        self.loader_rates: dict[str, float] = {}  # ReplayLoader.rates at the last log line
 
     def start(self, step: int, target: int | None) -> None:
         batch = self.learner.cfg.train.batch_size
@@ -1204,6 +1205,8 @@ class _Reporter:
             "checkpoint_every": every, "next_generation_step": (learner.step // every + 1) * every,
             "batch_size": cfg.train.batch_size, "world": learner.world, "device": learner.device.type,
             "samples_per_s": rate, "rate_steps": rate_steps,
+            "loader_samples_per_s": self.loader_rates.get("loader_samples_per_s"),
+            "loader_wait_share": self.loader_rates.get("loader_wait_share"),
             "window_positions": sampler.window_positions, "training_positions": sampler.training_positions,
             "samples_drawn": sampler.samples_drawn,
             "max_samples_per_position": cfg.replay.max_samples_per_position,
@@ -1225,9 +1228,11 @@ class _Reporter:
         timed = steps - self._steps_before
         self._steps_before = 0
         # samples/s while training: the time waited for new games is left out
-        rate = (timed * learner.cfg.train.batch_size / max(now - self._t - self._interval_wait, 1e-9)
-                if timed > 0 else None)
+        busy = max(now - self._t - self._interval_wait, 1e-9)
+        rate = timed * learner.cfg.train.batch_size / busy if timed > 0 else None
         self._interval_wait = 0.0
+        if learner.loader is not None:  # which side limits: the loader's capacity, and its share of the time
+            self.loader_rates = learner.loader.rates(busy)
         record: dict[str, Any] = {
             "step": learner.step,
             "time": time.time(),
@@ -1242,6 +1247,7 @@ class _Reporter:
         }
         if rate is not None:
             record["samples_per_s"] = rate
+            record.update(self.loader_rates)
         val = learner._validation_batch()
         if val is not None:
             for key, value in evaluate(learner.net, val, learner.cfg.loss).items():

@@ -32,7 +32,10 @@ def display_lines(status: dict) -> tuple[str, ...]:
     selfplay = status.get("selfplay")
     play = describe_selfplay(selfplay, short=True) if selfplay else "no game yet"
     learner = status.get("learner")
-    if not learner:
+    workers = status.get("workers")
+    if not learner and workers and workers.get("learner") is None:
+        learn = "none on this machine: a learner elsewhere writes into the run folder (none has yet)"
+    elif not learner:
         learn = "not started yet"
     elif learner.get("state") == "stopped":
         learn = f"stopped at step {learner['step']:,}"

@@ -748,21 +748,22 @@ def _mark_bad(path: Path, reason: str) -> bool:
 
 
 class _BatchReader(Dataset):
-    """Batch number -> (number, rank's batch packed (:func:`_pack`), new bad-chunk messages): the
-    loader's dataset.
+    """(batch number, window) -> (number, rank's batch packed (:func:`_pack`), new bad-chunk
+    messages, seconds spent): the loader's dataset.
 
-    Runs in the worker processes; keeps each chunk it touched memory-mapped.
+    Runs in the worker processes, which live as long as the loader: the window comes with each
+    item (a new snapshot is a new window, never new workers), and the chunks it touched stay
+    memory-mapped, by name, from one window to the next.
     """
 
-    def __init__(self, store: ReplayStore, window: _Window, rank: int, world: int, q_ratio: float = 0.0):
+    def __init__(self, store: ReplayStore, rank: int, world: int, q_ratio: float = 0.0):
         self.chunks_dir = store.chunks_dir
         self.q_ratio = q_ratio
         self.cache_dir = store.cache_dir
-        self.window = window
         self.rank, self.world = rank, world
-        self._open: OrderedDict[int, np.ndarray] = OrderedDict()   # least recently used first
+        self._open: OrderedDict[str, np.ndarray] = OrderedDict()   # least recently used first
         self._loose_bytes = 0   # of the arrays in _open that are in memory, not mapped
-        self._bad: set[int] = set()
+        self._bad: set[str] = set()
         self._found: list[str] = []
         self._warned_full = False
 
@@ -811,18 +812,18 @@ class _BatchReader(Dataset):
             return records
         return np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
 
-    def _chunk(self, i: int) -> np.ndarray | None:
-        if i in self._bad:
+    def _chunk(self, name: str, size: int) -> np.ndarray | None:
+        if name in self._bad:
             return None
-        data = self._open.get(i)
+        data = self._open.get(name)
         if data is not None:
-            self._open.move_to_end(i)
+            self._open.move_to_end(name)
             return data
-        data = self._load(self.window.names[i], int(self.window.sizes[i]))
+        data = self._load(name, size)
         if data is None:
-            self._bad.add(i)
+            self._bad.add(name)
             return None
-        self._open[i] = data
+        self._open[name] = data
         if not isinstance(data, np.memmap):
             self._loose_bytes += data.nbytes
         # each map holds a file descriptor; each loose chunk, about 33 MB of memory
@@ -832,8 +833,9 @@ class _BatchReader(Dataset):
                 self._loose_bytes -= old.nbytes
         return data
 
-    def __getitem__(self, batch: int) -> tuple[int, torch.Tensor, list[str]]:
-        w = self.window
+    def __getitem__(self, item: tuple[int, _Window]) -> tuple[int, torch.Tensor, list[str], float]:
+        start = time.perf_counter()
+        batch, w = item
         a, b = self.rank * w.batch_size // self.world, (self.rank + 1) * w.batch_size // self.world
         chunk, offsets = w.draw(batch)
         chunk, offsets = chunk[a:b].copy(), offsets[a:b].copy()
@@ -847,7 +849,7 @@ class _BatchReader(Dataset):
                 redraw_chunk, redraw_offsets = w.draw(batch, attempt)
                 chunk[todo], offsets[todo] = redraw_chunk[a + todo], redraw_offsets[a + todo]
             for c in np.unique(chunk[todo]):
-                data = self._chunk(int(c))
+                data = self._chunk(w.names[c], int(w.sizes[c]))
                 if data is None:
                     continue
                 rows = todo[chunk[todo] == c]
@@ -856,7 +858,8 @@ class _BatchReader(Dataset):
         else:
             raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
         found, self._found = self._found, []
-        return batch, _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio), found
+        packed = _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio)
+        return batch, packed, found, time.perf_counter() - start
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -872,14 +875,30 @@ def _identity(item):
     return item
 
 
+class _Feed:
+    """The loader's index stream: ``(batch number, window)`` for the batches the sampler allows
+    now, from its next batch on. Iterated afresh (in the learner's process) at each new plan."""
+
+    def __init__(self) -> None:
+        self.window: _Window | None = None
+        self.first = self.count = 0
+
+    def __iter__(self) -> Iterator[tuple[int, _Window]]:
+        window, first, count = self.window, self.first, self.count
+        return ((n, window) for n in range(first, first + count))
+
+
 class ReplayLoader:
     """Batches from worker processes: this rank's slice of each global batch, in batch order.
 
     Iterating yields the batches ``sampler.next_batch``, ``+1``, ... and advances
     the sampler as each is handed over; ``next()`` raises :class:`DataStarved`
     when the cap is reached (call ``sampler.refresh()`` when new data came, then
-    ``next()`` again).  A new snapshot or a loaded cursor restarts the workers;
-    batches prefetched from the old plan are dropped.
+    ``next()`` again).  The worker processes start once and live as long as the
+    loader: a new snapshot or a loaded cursor is a new plan sent to the same workers
+    (each item carries its window), and batches prefetched from the old plan are
+    dropped. (Restarting them after every wait for games cost about three batches'
+    time each, which under the daemon was most of what the learner did.)
 
     ``pin_memory`` (for a CUDA learner; ignored where torch has no CUDA): every batch is
     handed over in page-locked memory, so that its copy to the GPU can be asynchronous
@@ -889,6 +908,10 @@ class ReplayLoader:
 
     ``q_ratio``: the search's share of the value target (``loss.value_q_ratio``); the
     validation batch keeps the game result, so held-out losses stay comparable between runs.
+
+    :meth:`rates` says which side limits: what the workers could deliver (their positions
+    per second of work, times their number) and the share of the learner's time spent
+    waiting for a batch.
     """
 
     def __init__(self, store: ReplayStore, sampler: ReplaySampler, *, rank: int = 0, world: int = 1,
@@ -904,45 +927,49 @@ class ReplayLoader:
         self.workers, self.prefetch = workers, prefetch
         self.q_ratio = q_ratio
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self._reader = _BatchReader(store, rank, world, q_ratio)
+        self._feed = _Feed()
+        self._loader: DataLoader | None = None
         self._iter: Iterator | None = None
         self._state: tuple[int, int] | None = None   # (sampler version, next batch) the stream follows
         self._left = 0
-
-    def _stop(self) -> None:
-        it, self._iter = self._iter, None
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        self.plans = 0            # plans started (a new snapshot or cursor each)
+        self._work_s = 0.0        # workers' seconds spent on the batches handed over
+        self._wait_s = 0.0        # the caller's seconds inside next()
+        self._positions = 0       # positions handed over
 
     def _start(self) -> None:
-        self._stop()
         s = self.sampler
         self._state = (s.version, s.next_batch)
         self._left = s.batches_available()
+        self._iter = None
         if self._left == 0:
             return
-        reader = _BatchReader(self.store, s._plan, self.rank, self.world, self.q_ratio)
-        numbers = range(s.next_batch, s.next_batch + self._left)
+        self.plans += 1
+        self._feed.window, self._feed.first, self._feed.count = s._plan, s.next_batch, self._left
         if self.workers == 0:
-            self._iter = map(reader.__getitem__, numbers)
+            self._iter = map(self._reader.__getitem__, iter(self._feed))
             return
-        context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        self._iter = iter(DataLoader(
-            reader, batch_size=None, sampler=numbers, num_workers=self.workers, collate_fn=_identity,
-            prefetch_factor=max(1, -(-self.prefetch // self.workers)), pin_memory=self.pin_memory,
-            multiprocessing_context=context, worker_init_fn=_ignore_stop_signals,
-        ))
+        if self._loader is None:
+            context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+            self._loader = DataLoader(
+                self._reader, batch_size=None, sampler=self._feed, num_workers=self.workers, collate_fn=_identity,
+                prefetch_factor=max(1, -(-self.prefetch // self.workers)), pin_memory=self.pin_memory,
+                multiprocessing_context=context, worker_init_fn=_ignore_stop_signals, persistent_workers=True,
+            )
+        self._iter = iter(self._loader)   # persistent workers: the same processes, the new plan
 
     def __iter__(self) -> "ReplayLoader":
         return self
 
     def __next__(self) -> Batch:
         s = self.sampler
+        start = time.perf_counter()
         if self._state != (s.version, s.next_batch):
             self._start()
         if self._left == 0 or self._iter is None:
             raise DataStarved(s.starved_message())
-        number, flat, found = next(self._iter)
+        number, flat, found, work_s = next(self._iter)
         if number != s.next_batch:
             raise RuntimeError(f"replay loader delivered batch {number}, expected {s.next_batch}")
         for reason in found:
@@ -952,10 +979,32 @@ class ReplayLoader:
         self._state = (s.version, s.next_batch)
         if self.pin_memory and not flat.is_pinned():   # no workers: no pinning thread either
             flat = flat.pin_memory()
-        return _unpack(flat)
+        batch = _unpack(flat)
+        self._work_s += work_s
+        self._wait_s += time.perf_counter() - start
+        self._positions += len(batch.planes)
+        return batch
+
+    def rates(self, busy_s: float) -> dict[str, float]:
+        """Since the last call: ``loader_samples_per_s``, what the workers could deliver (positions
+        per second of their work, times the workers, times the ranks: global samples, as the
+        learner's own rate), and ``loader_wait_share``, the share of ``busy_s`` (the caller's
+        training time) it spent waiting inside ``next()`` (near 0: the loader keeps ahead; near 1:
+        the loader is what limits)."""
+        out: dict[str, float] = {}
+        if self._positions and self._work_s > 0:
+            out["loader_samples_per_s"] = self._positions / self._work_s * max(1, self.workers) * self.world
+        if busy_s > 0:
+            out["loader_wait_share"] = min(1.0, self._wait_s / busy_s)
+        self._work_s = self._wait_s = 0.0
+        self._positions = 0
+        return out
 
     def close(self) -> None:
-        self._stop()
+        it, self._iter, self._loader = self._iter, None, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
         self._state = None
 
     def __enter__(self) -> "ReplayLoader":
@@ -1006,9 +1055,9 @@ def loader_throughput(store: ReplayStore, window: WindowConfig, batch_size: int,
                       batches: int) -> float:
     """Samples/s a :class:`ReplayLoader` delivers once warm (caches built, workers running)."""
     sampler = ReplaySampler(store, dataclasses.replace(window, max_samples_per_position=math.inf), batch_size)
-    reader = _BatchReader(store, sampler._plan, 0, 1)
-    for i in range(len(sampler._plan.names)):
-        reader._chunk(i)
+    reader, plan = _BatchReader(store, 0, 1), sampler._plan
+    for name, size in zip(plan.names, plan.sizes):
+        reader._chunk(name, int(size))
     loader = ReplayLoader(store, sampler, workers=workers, prefetch=max(2, 2 * workers))
     try:
         next(loader)

@@ -376,7 +376,7 @@ def _learner_status(run_dir: str) -> dict | None:
     out: dict[str, Any] = {key: _num(record.get(key)) for key in (
         "pid", "started", "time", "step", "target_step", "generation", "checkpoint_step", "checkpoint_every",
         "next_generation_step", "batch_size", "world", "samples_per_s", "rate_steps", "window_positions",
-        "training_positions",
+        "training_positions", "loader_samples_per_s", "loader_wait_share",
         "samples_drawn", "max_samples_per_position", "batches_available", "waiting_since", "waited_s")}
     state = record.get("state")
     out["state"] = state if state in ("training", "waiting", "stopped") else None
@@ -412,16 +412,30 @@ def _worker(record: dict) -> dict:
     }
 
 
+def reachable(endpoint: str, addresses: Sequence[str]) -> list[str]:
+    """A bound endpoint as a remote machine dials it: a wildcard host (``*``, ``0.0.0.0``, ``[::]``)
+    becomes each of ``addresses`` (``trainer.daemon.machine_addresses``); any other endpoint is itself."""
+    match = re.fullmatch(r"tcp://(\*|0\.0\.0\.0|\[::\]):([0-9]+)", endpoint.strip())
+    if match is None or not addresses:
+        return [endpoint]
+    return [f"tcp://{address}:{match.group(2)}" for address in addresses]
+
+
 def _daemon_status(run_dir: str) -> dict:
     """``daemon``, ``workers``, ``published`` and ``gating``: each None when its file is absent or
     unreadable. The daemon counts as running only when its pid is still ``cyzero-train run`` on
     this run (a pid may have been reused since)."""
-    daemon = _read_json(os.path.join(run_dir, DAEMON_FILE))
-    if daemon is not None:
-        daemon = {"pid": _num(daemon.get("pid")), "alive": process_runs(daemon.get("pid"), "run", run_dir),
-                  "started": _num(daemon.get("started")), "run": _text(daemon.get("run")),
-                  **{key: _text(daemon.get(key)) for key in ("endpoint", "publish", "fetch")},
-                  "keys": daemon.get("keys") is True}
+    daemon_file = _read_json(os.path.join(run_dir, DAEMON_FILE))
+    daemon = None
+    if daemon_file is not None:
+        daemon = {"pid": _num(daemon_file.get("pid")), "alive": process_runs(daemon_file.get("pid"), "run", run_dir),
+                  "started": _num(daemon_file.get("started")), "run": _text(daemon_file.get("run")),
+                  "keys": daemon_file.get("keys") is True}
+        listed = daemon_file.get("addresses")
+        addresses = [a for a in listed if isinstance(a, str) and a] if isinstance(listed, list) else []
+        for key in ("endpoint", "publish", "fetch"):  # as a remote machine dials them, never 0.0.0.0 or *
+            bound = _text(daemon_file.get(key))
+            daemon[key] = " or ".join(reachable(bound, addresses)[:2]) if bound else bound
     workers = _read_json(os.path.join(run_dir, WORKERS_FILE))
     if workers is not None:
         rows = workers.get("workers")
@@ -560,6 +574,7 @@ def _format_learner(status: dict, now: float) -> list[str]:
         rate = f"samples/s measuring ({_plural(learner['rate_steps'], 'step')} so far)"
     else:
         rate = "samples/s not measured yet"
+    rate += describe_loader(learner)
     if learner["state"] == "waiting":
         since = learner["waiting_since"]
         why = (f"at the sampling cap, replay.max_samples_per_position = {_number(learner['max_samples_per_position'])}"
@@ -574,6 +589,17 @@ def _format_learner(status: dict, now: float) -> list[str]:
         lines.append(f"  next gen    generation {nxt['generation']} at step {nxt['step']:,}, "
                      f"{_plural(nxt['steps_left'], 'step')} to go: {describe_next_generation(nxt, status)}")
     return lines
+
+
+def describe_loader(learner: dict) -> str:
+    """The replay loader beside the learner's rate, in words: what it could deliver and how much of
+    the training time the learner waited for it, so that a person sees which one limits."""
+    capacity, share = learner.get("loader_samples_per_s"), learner.get("loader_wait_share")
+    if not capacity:
+        return ""
+    limit = "; the loader limits" if share is not None and share > 0.2 else ""
+    waited = f", the learner waited for it {share:.0%} of its training time" if share is not None else ""
+    return f" (the replay loader could deliver {capacity:,.0f}{waited}{limit})"
 
 
 def describe_selfplay(selfplay: dict, *, short: bool = False) -> str:
@@ -714,12 +740,16 @@ _LOSS_PANELS = (
 )
 _CHARTS = (
     ("loss", "losses, training and validation", _LOSS_PANELS),
-    ("validation", "validation", (("policy top-1 agreement", "share of positions",
-                                   (("val_policy_top1", "validation"),)),)),
+    ("validation", "validation", (("held-out positions where the network's top move is the search's most "
+                                   "visited move", "share of positions", (("val_policy_top1", "validation"),)),)),
     ("learning_rate", "learning rate", (("learning rate", "lr", (("lr", "lr"), ("learning_rate", "lr"))),)),
     ("grad_norm", "gradient norm", (("gradient norm (before clipping)", "L2 norm", (("grad_norm", "grad norm"),)),)),
     ("throughput", "throughput, window and generation", (
-        ("training rate (waits for games left out)", "samples/s", (("samples_per_s", "samples/s"),)),
+        ("positions a second: trained, and what the replay loader could deliver",
+         "per second of training (waits for new games not counted)",
+         (("samples_per_s", "learner"), ("loader_samples_per_s", "replay loader"))),
+        ("time the learner waited for the replay loader", "share of training time",
+         (("loader_wait_share", "waiting for batches"),)),
         ("sampling window", "positions", (("window", "window"),)),
         ("generation exported", "generation", (("generation", "generation"),)),
     )),
