@@ -77,11 +77,12 @@ def run_dir(template, tmp_path):
 class Running:
     """A started daemon serving in a thread; ``close()`` is the SIGTERM path (serve ends, stop runs)."""
 
-    def __init__(self, run_dir, cfg=None, worker=None, learner=None, **kwargs):
+    def __init__(self, run_dir, cfg=None, worker=None, learner=None, ladder=None, **kwargs):
         self.lines: list[str] = []
         self.daemon = Daemon(run_dir, cfg or config(), log=self.lines.append,
                              worker_command=worker or (lambda *args: SLEEP),
-                             learner_command=learner or (lambda *args: SLEEP), **kwargs)
+                             learner_command=learner or (lambda *args: SLEEP),
+                             ladder_command=ladder or (lambda *args: SLEEP), **kwargs)
         self.daemon.start()
         with open(os.path.join(run_dir, "daemon.json")) as f:
             self.info = json.load(f)
@@ -704,6 +705,10 @@ def test_the_learner_gets_its_share_of_the_cores_and_the_workers_the_rest(run_di
         assert any(f"the learner has [{usable[-1]}] to itself" in line for line in running.lines)
         command = Daemon.worker_command(daemon, "cpu", 0, "tcp://127.0.0.1:1", 8, 1, None)
         assert command[-2:] == ["--nice", "10"]
+        ladder = Daemon.ladder_command(daemon, run_dir)  # the ladder's games take self-play's share too
+        assert ladder[3:6] == ["evaluate", run_dir, "--follow"] and ladder[-2:] == ["--nice", "10"]
+        assert ladder[ladder.index("--config") + 1] == os.path.join(run_dir, "config.effective.toml")
+        wait_for(lambda: daemon._ladder.alive(), what="the ladder child")
     with pytest.raises(ValueError, match="leaves the workers none"):
         Daemon(run_dir, config(daemon={"learner_cores": len(usable)})).start()
 

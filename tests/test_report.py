@@ -470,7 +470,8 @@ def test_the_reader_agrees_with_the_writers():
                                     learner.CHECKPOINT_DIR, learner.NETWORK_DIR)
     assert (report.DAEMON_FILE, report.WORKERS_FILE, report.PUBLISHED_FILE, report.GATING_FILE) == (
         daemon.DAEMON_FILE, daemon.WORKERS_FILE, daemon.PUBLISHED_FILE, daemon.GATING_FILE)
-    assert (report.EVALUATION_FILE, report.OPPONENTS) == (evaluate.EVALUATION_FILE, evaluate.OPPONENTS)
+    assert (report.EVALUATION_FILE, report.RATINGS_FILE) == (evaluate.EVALUATION_FILE, evaluate.RATINGS_FILE)
+    assert all(report.OPPONENT.fullmatch(name) for name in ("random", "gen0", "gen12", "sf-skill3"))
     assert report.MANIFEST == os.path.join("replay", replay.MANIFEST)
     # One rule each, shared: the store and the learner use the very functions status uses.
     assert (replay.window_size, replay.is_validation) == (window_size, config_is_validation)
@@ -601,31 +602,26 @@ def test_the_loss_chart_says_validation_only_when_it_draws_it(tmp_path, drawn):
     assert "validation" in drawn
 
 
-def test_elo_markers_of_two_opponents_that_scored_alike_stay_apart(tmp_path, drawn):
-    """Issue 46: a 2-game evaluation won in full against both opponents drew the 'vs random' marker
-    exactly under the 'vs generation 0' one. Each series now sits a little to its side of the
-    generation, the finite ones with their own marker shape."""
+def test_elo_png_is_the_ladder_over_hours_and_over_games_with_stockfish_lines(tmp_path, drawn):
+    """The ladder's curve twice, so that two runs lie side by side: against the hours since
+    generation 0 and against the self-play games before each generation, Stockfish's levels as
+    dashed lines at their ratings."""
     from trainer.report import plot_run
 
     run = tmp_path / "run"
     run.mkdir()
-    rows = [{"generation": 1, "opponent": opponent, "wins": 2, "draws": 0, "losses": 0, "games": 2, "score": 1.0,
-             "elo": None, "elo_error": None, "nodes": 64, "time": 1.0} for opponent in ("gen0", "random")]
-    rows += [{"generation": 2, "opponent": opponent, "wins": 1, "draws": 1, "losses": 0, "games": 2, "score": 0.75,
-              "elo": 191.0, "elo_error": 300.0, "nodes": 64, "time": 2.0} for opponent in ("gen0", "random")]
-    (run / "evaluation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    players = {"random": {"elo": 0.0, "low": 0.0, "high": 0.0, "games": 40},
+               "sf-skill0": {"elo": 900.0, "low": 800.0, "high": 1000.0, "games": 20}}
+    curve = [{"generation": g, "elo": 150.0 * g, "low": 150.0 * g - 50, "high": 150.0 * g + 50, "games": 20,
+              "hours": 0.5 * g, "selfplay_games": 300 * g} for g in (0, 2, 4)]
+    (run / "ratings.json").write_text(json.dumps({"anchor": "random", "nodes": 64, "time": 1.0, "players": players,
+                                                  "generations": curve}))
     plot_run(str(run))
-    ax = drawn["elo"].axes[0]
-    points = {}
-    for line in ax.get_lines():
-        if line.get_marker() in ("_", "|", "None", "", None):
-            continue  # the error bars' caps, the zero line
-        for x, y in zip(line.get_xdata(), line.get_ydata()):
-            points.setdefault((round(float(x)), float(y)), []).append((float(x), line.get_color(), line.get_marker()))
-    for (generation, _), seen in points.items():
-        if len(seen) > 1:  # two opponents at the same Elo of a generation: apart on the page
-            assert len({x for x, _, _ in seen}) == len(seen)
-    bounds = points[(1, next(y for g, y in points if g == 1))]
-    assert sorted(c for _, c, _ in bounds) == ["tab:blue", "tab:orange"] and abs(bounds[0][0] - bounds[1][0]) >= 0.2
-    finite = {c: m for (g, y), seen in points.items() if g == 2 for _, c, m in seen}
-    assert finite["tab:blue"] != finite["tab:orange"]  # and differently shaped
+    hours, games = drawn["elo"].axes
+    assert "hours" in hours.get_xlabel() and "self-play games" in games.get_xlabel()
+    for ax, key in ((hours, "hours"), (games, "selfplay_games")):
+        line = next(l for l in ax.get_lines() if l.get_marker() == "o")
+        assert list(line.get_xdata()) == [c[key] for c in curve] and list(line.get_ydata()) == [0.0, 300.0, 600.0]
+        dashed = [l for l in ax.get_lines() if l.get_linestyle() == "--"]
+        assert [l.get_ydata()[0] for l in dashed] == [900.0]
+    assert "64 nodes" in drawn["elo"]._suptitle.get_text()

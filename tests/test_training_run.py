@@ -62,6 +62,8 @@ learner_devices = "cpu:2"
 worker_threads = 1
 flush_s = 0.3
 restart_backoff_s = 0.5
+[ladder]
+enabled = false
 """
 
 

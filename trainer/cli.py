@@ -159,16 +159,25 @@ def _build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="DIR", default=None, help="output folder (default RUN/plots)")
 
     ev = sub.add_parser(
-        "evaluate", help="the run's generations against generation 0 and a random mover (Elo per generation)",
-        description=("Play every K-th generation of RUN (and the newest) against generation 0 and against a "
-                     "random mover at a fixed node count, from the bundled openings with both colours; append "
-                     "one line per generation and opponent to RUN/evaluation.jsonl (what `plot` draws as "
-                     "elo.png). Resumable: what the file already holds is skipped."))
+        "evaluate", help="the strength ladder: the run's generations rated against fixed anchors (Elo per generation)",
+        description=("Rate RUN's generations on one Elo scale: each plays its predecessor and the anchors near its "
+                     "strength (the random mover at Elo 0, generation 0, Stockfish's skill levels) at a fixed node "
+                     "count, each opening with both colours. One line per match goes to RUN/evaluation.jsonl, the "
+                     "fit to RUN/ratings.json (status, plot's elo.png, TensorBoard). Resumable. The daemon runs it "
+                     "with --follow beside the run ([ladder] in the config)."))
     ev.add_argument("run_dir", metavar="RUN_DIR")
+    ev.add_argument("--follow", action="store_true",
+                    help="keep rating the newest generation as the run exports them, until stopped")
     ev.add_argument("--every", type=int, default=1, metavar="K", help="every K-th generation, and the newest (default 1)")
-    ev.add_argument("--nodes", type=int, default=64, metavar="N", help="nodes per move (default 64)")
-    ev.add_argument("--games", type=int, default=20, metavar="G", help="games against each opponent (default 20)")
-    ev.add_argument("--concurrency", type=int, default=1, metavar="C", help="games at once (default 1)")
+    ev.add_argument("--config", metavar="TOML", default=None,
+                    help="the [ladder] settings (default RUN/config.toml, else the defaults)")
+    ev.add_argument("--nodes", type=int, default=None, metavar="N", help="nodes per move (default ladder.nodes)")
+    ev.add_argument("--games", type=int, default=None, metavar="G", help="games a pairing, even (default ladder.games)")
+    ev.add_argument("--concurrency", type=int, default=None, metavar="C",
+                    help="games at once (default ladder.concurrency)")
+    ev.add_argument("--stockfish", default=None, metavar="CMD",
+                    help="Stockfish's command; '' for no Stockfish anchors (default ladder.stockfish)")
+    ev.add_argument("--nice", type=int, default=0, metavar="N", help="run at this much lower priority (os.nice)")
 
     keys = sub.add_parser(
         "keys", help="CurveZMQ key pairs for the daemon and the remote workers or engines it admits",
@@ -560,9 +569,31 @@ def evaluate_main(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    import dataclasses
+    import signal
+    import threading
+
+    from trainer.config import load_config, load_run_config, named_config_path
+
     try:
-        lines = evaluate_run(args.run_dir, every=args.every, nodes=args.nodes, games=args.games,
-                             concurrency=args.concurrency, log=progress)
+        config = (load_config(named_config_path(args.config)) if args.config else load_run_config(args.run_dir))
+    except (ValueError, OSError) as exc:
+        print(f"cyzero-train evaluate: error: {_one_line(exc, 500)}", file=sys.stderr)
+        return 2
+    changes = {key: value for key, value in (("nodes", args.nodes), ("games", args.games),
+                                             ("concurrency", args.concurrency), ("stockfish", args.stockfish))
+               if value is not None}
+    cfg = dataclasses.replace(config.ladder, **changes)
+    if args.nice:
+        os.nice(args.nice)
+    stop = threading.Event()
+    if args.follow:  # SIGTERM (the daemon's stop) and Ctrl-C end it between games, writing nothing half-done
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        lines = evaluate_run(args.run_dir, every=args.every, cfg=cfg, follow=args.follow, log=progress, stop=stop)
+    except KeyboardInterrupt:
+        return 0 if stop.is_set() else 130
     except MatchError as exc:
         print(f"cyzero-train evaluate: error: {_one_line(exc, 500)}", file=sys.stderr)
         return 1

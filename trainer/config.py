@@ -32,7 +32,7 @@ from typing import Any
 
 __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
-    "SelfPlayConfig", "DaemonConfig", "GatingConfig",
+    "SelfPlayConfig", "DaemonConfig", "GatingConfig", "LadderConfig",
     "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
     "markdown_table", "model_differences", "CONFIG_FILE", "EFFECTIVE_CONFIG_FILE", "load_run_config",
     "load_effective_config", "bundled_config", "bundled_config_names", "named_config_path", "load_named_config",
@@ -301,6 +301,27 @@ class GatingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LadderConfig:
+    """The strength ladder: the daemon rates each new generation against fixed anchors (the random
+    mover at Elo 0, generation 0, earlier generations, Stockfish's skill levels) while the run goes on."""
+
+    enabled: bool = _f(True, "play the ladder beside the run (a `cyzero-train evaluate --follow` child of the "
+                       "daemon, as low in priority as the workers)")
+    nodes: int = _f(64, "nodes per move of the run's generations (fixed, so ratings compare across machines "
+                    "and runs)", min=1)
+    games: int = _f(20, "games a pairing: half with each colour, from the same openings (an even number)",
+                    min=2)
+    window: float = _f(600.0, "a generation plays the anchors rated within this many Elo of it (and its "
+                       "predecessor always): far weaker or stronger ones teach the fit nothing", above=0.0)
+    stockfish: str = _f("stockfish", "Stockfish's command (bare: on PATH or Debian's /usr/games); empty: "
+                        "no Stockfish anchors")
+    stockfish_levels: str = _f("0,3,6,10", "Stockfish's Skill Level anchors, comma-separated (0-20)")
+    stockfish_nodes: int = _f(20000, "nodes per move of Stockfish (enough to reach the depth its skill "
+                              "level picks its move at)", min=1)
+    concurrency: int = _f(1, "ladder games at once (one core each)", min=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The whole training config; sections as in the TOML file."""
 
@@ -313,6 +334,7 @@ class TrainConfig:
     selfplay: SelfPlayConfig = dataclasses.field(default_factory=SelfPlayConfig)
     daemon: DaemonConfig = dataclasses.field(default_factory=DaemonConfig)
     gating: GatingConfig = dataclasses.field(default_factory=GatingConfig)
+    ladder: LadderConfig = dataclasses.field(default_factory=LadderConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -325,6 +347,18 @@ class TrainConfig:
                 raise ValueError(f"unknown config section [{section}]")
             data[section].update(values)
         return from_dict(data)
+
+
+def ladder_levels(text: str) -> tuple[int, ...]:
+    """``ladder.stockfish_levels`` as Skill Levels, lowest first; ValueError for anything but 0-20s."""
+    levels = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 0 <= int(part) <= 20:
+            raise ValueError(f"{part!r} is not a Skill Level (0-20)")
+        levels.append(int(part))
+    return tuple(sorted(set(levels)))
 
 
 _SECTION_TYPES = typing.get_type_hints(TrainConfig)
@@ -400,6 +434,14 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     if not _model_name_ok(config.model.net):
         raise ValueError("config key model.net must be BLOCKSxFILTERS such as 6x64, or an attention body "
                          f"bt-EMBEDDINGxLAYERSxHEADSh such as bt-64x4x4h, got {config.model.net!r}")
+    if config.ladder.games % 2:
+        raise ValueError(f"config key ladder.games must be even (each opening with both colours), "
+                         f"got {config.ladder.games}")
+    try:
+        levels = ladder_levels(config.ladder.stockfish_levels)
+    except ValueError as e:
+        raise ValueError(f"config key ladder.stockfish_levels: {e}") from None
+    del levels
     if config.gating.elo1 <= config.gating.elo0:
         raise ValueError(f"config key gating.elo1 must be > gating.elo0 ({config.gating.elo0}), "
                          f"got {config.gating.elo1}")

@@ -338,7 +338,8 @@ class Daemon:
     def __init__(self, run_dir: str | os.PathLike, config: TrainConfig, *, devices: Optional[str] = None,
                  workers_per_device: Optional[int] = None, learner_devices: Optional[str] = None,
                  log: Optional[Log] = None, worker_command: Optional[Callable[..., list[str]]] = None,
-                 learner_command: Optional[Callable[[str, str], list[str]]] = None, simulate_gpu: bool = False,
+                 learner_command: Optional[Callable[[str, str], list[str]]] = None,
+                 ladder_command: Optional[Callable[[str], list[str]]] = None, simulate_gpu: bool = False,
                  config_source: Optional[str] = None, recent_game_ids: int = RECENT_GAME_IDS):
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.config = config
@@ -361,6 +362,8 @@ class Daemon:
             self.worker_command = worker_command  # type: ignore[method-assign]
         if learner_command is not None:
             self.learner_command = learner_command  # type: ignore[method-assign, assignment]
+        if ladder_command is not None:
+            self.ladder_command = ladder_command  # type: ignore[method-assign, assignment]
         self.name = run_name(self.run_dir)
         self.keys_dir = self._keys_dir(d.keys)
         self._lock_fd: Optional[int] = None
@@ -374,6 +377,7 @@ class Daemon:
         self._first_buffered = 0.0
         self._workers: dict[str, _Worker] = {}
         self._learner: Optional[_Child] = None
+        self._ladder: Optional[_Child] = None  # the strength ladder (trainer.evaluate --follow)
         self._lock = threading.Lock()  # the published state (the gating thread publishes too)
         self._current: Optional[dict] = None  # the announced generation's record
         self._considered = -1  # the newest generation published, gated or queued
@@ -415,6 +419,15 @@ class Daemon:
     def advertised(self, endpoint: str) -> str:
         """``endpoint`` as a remote machine dials it (its first reachable form)."""
         return reachable(endpoint, self.addresses)[0]
+
+    def ladder_command(self, run_dir: str) -> list[str]:
+        """The strength ladder, ``cyzero-train evaluate RUN --follow`` on the daemon's config, as low in
+        priority as the workers (its games take self-play's time, never the learner's)."""
+        command = [sys.executable, "-m", "trainer.cli", "evaluate", run_dir, "--follow",
+                   "--config", os.path.join(run_dir, EFFECTIVE_CONFIG_FILE)]
+        if self.config.daemon.worker_nice:
+            command += ["--nice", str(self.config.daemon.worker_nice)]
+        return command
 
     @property
     def remote_learner(self) -> bool:
@@ -626,6 +639,9 @@ class Daemon:
         if not self.remote_learner:
             self._learner = _Child("learner", self.learner_command(self.run_dir, self.learner_devices),
                                    os.path.join(logs, "learner.log"), d.restart_backoff_s, env=self.learner_env())
+        if self.config.ladder.enabled:
+            self._ladder = _Child("ladder", self.ladder_command(self.run_dir), os.path.join(logs, "ladder.log"),
+                                  d.restart_backoff_s)
         learner_cores, worker_cores = self.core_split()
         if self._learner is not None:
             self._learner.cores = learner_cores
@@ -665,7 +681,7 @@ class Daemon:
 
     def _children(self) -> list[_Child]:
         children = [w.child for w in self._workers.values() if w.child is not None]
-        return children + ([self._learner] if self._learner is not None else [])
+        return children + [child for child in (self._learner, self._ladder) if child is not None]
 
     def _supervise(self) -> None:
         """Start what is due, notice deaths and silent workers, schedule restarts."""
@@ -992,6 +1008,10 @@ class Daemon:
             report["learner"] = {"pid": learner.proc.pid if learner.alive() else None, "alive": learner.alive(),
                                  "devices": self.learner_devices, "restarts": learner.restarts,
                                  "started": learner.started_wall or None}
+        ladder = self._ladder
+        if ladder is not None:
+            report["ladder"] = {"pid": ladder.proc.pid if ladder.alive() else None, "alive": ladder.alive(),
+                                "restarts": ladder.restarts}
         try:
             atomic_write_text(os.path.join(self.run_dir, WORKERS_FILE), json.dumps(report, indent=1) + "\n")
         except OSError as e:

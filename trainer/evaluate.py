@@ -1,53 +1,84 @@
-"""``cyzero-train evaluate RUN``: is the loop learning? Each generation against the first one and
-against a random mover.
+"""``cyzero-train evaluate RUN [--follow]``: the strength ladder. Is the loop learning, and how fast?
 
 Gating (``trainer.gating``) compares a candidate with the current best only, so it cannot show
-progress over a whole run. This plays the run's generations (every K-th and the newest, from
-``generations.jsonl``) against two fixed yardsticks through :mod:`engine.tools.match`: generation
-0 (the run's initial network) and :mod:`engine.tools.random_mover`. Both sides search a fixed
-``go nodes N`` (the random mover ignores it), from the bundled openings with both colours.
+progress over a whole run. The ladder rates the run's generations on one scale, as KataGo's and
+lc0's training runs publish theirs: each generation plays matches (``ladder.games`` games, each
+opening with both colours, at ``go nodes ladder.nodes``) against
 
-Every result is one line of ``RUN/evaluation.jsonl`` (appended, fsynced)::
+* its predecessor on the ladder (the newest rated generation before it), always;
+* the fixed anchors rated within ``ladder.window`` Elo of it: the random mover
+  (:mod:`engine.tools.random_mover`), generation 0, and Debian's Stockfish at each
+  ``ladder.stockfish_levels`` Skill Level (``ladder.stockfish_nodes`` nodes a move; the lowest
+  unrated level is tried once a generation comes within half a window of the strongest one
+  rated, or when none is rated yet).
 
-    {"generation", "opponent": "gen0" | "random", "wins", "draws", "losses", "games", "score",
-     "elo", "elo_error", "nodes", "time"}
+Every match is one line of ``RUN/evaluation.jsonl`` (appended, fsynced)::
 
-from the generation's side; ``elo`` is null when the score is 0 or 1 and ``elo_error`` (half
-the 95% interval, trinomial) when the interval is unbounded. A generation, opponent and node
-count already in the file is skipped, so the command resumes where it stopped (a match cut
-short writes nothing). Generation 0 is not played against itself.
+    {"generation", "opponent": "random" | "genK" | "sf-skillL", "wins", "draws", "losses", "games",
+     "score", "elo", "elo_error", "nodes", "time"}
+
+from the generation's side (``elo``: that match alone, null at a score of 0 or 1). After each
+match every player's rating is fitted again over all matches at the ladder's node count
+(:func:`fit_ratings`: Elo's logistic model by maximum likelihood, the random mover fixed at 0,
+one virtual draw a pairing so that a clean sweep stays finite; the 95% intervals from the
+likelihood's curvature), and ``RUN/ratings.json`` is rewritten atomically: each player's Elo and
+interval, and each generation's with the hours since generation 0 and the self-play games
+played before it. ``status`` reads it, ``plot`` draws it as ``elo.png``, TensorBoard gets it.
+
+Anchored at the random mover, two runs' curves lie on one scale (at the same node count).
+Resumable: a pairing already in the file is not played again; a match cut short writes nothing.
+``--follow`` (the daemon's ``ladder`` child) rates the newest unrated generation, again and again,
+skipping those it has no time for; by hand, every K-th generation and the newest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import json
 import logging
 import math
 import os
+import re
+import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional
 
+import numpy as np
+
 from engine.tools import match as m
-from trainer import usable_cores
-from trainer.atomic import append_jsonl, read_jsonl
+from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
+from trainer.config import LadderConfig, ladder_levels
 from trainer.gating import engine_spec
 # torch-free, as status is: evaluating plays the engine and trains nothing
-from trainer.report import GENERATIONS_FILE, read_evaluations  # noqa: F401 - read_evaluations: one reader
+from trainer.report import (  # noqa: F401 - read_evaluations, read_ratings: one reader each
+    EVALUATION_FILE, GENERATIONS_FILE, RATINGS_FILE, read_evaluations, read_manifest, read_ratings,
+)
 
-__all__ = ["EVALUATION_FILE", "OPPONENTS", "evaluate_run", "generations_to_evaluate", "random_mover_spec",
-           "read_evaluations"]
+__all__ = ["EVALUATION_FILE", "RATINGS_FILE", "ANCHOR", "evaluate_run", "fit_ratings", "generations_to_evaluate",
+           "random_mover_spec", "read_evaluations", "read_ratings"]
 
-EVALUATION_FILE = "evaluation.jsonl"
 LOCK_FILE = "evaluation.lock"
-OPPONENTS = ("gen0", "random")
+ANCHOR = "random"          # the player fixed at Elo 0
+PRIOR_DRAWS = 1.0          # virtual draws added to each pairing played: a 20-0 stays a finite rating
+FOLLOW_POLL_S = 10.0       # --follow looks for a new generation this often
+Z95 = 1.959964
 
 
 def random_mover_spec(seed: int) -> m.EngineSpec:
     """The random mover as a match engine (this Python, so it runs in the same environment)."""
     return m.EngineSpec([sys.executable, "-m", "engine.tools.random_mover", "--seed", str(seed)], name="random")
+
+
+def stockfish_spec(command: str, level: int, nodes: int) -> m.EngineSpec:
+    """Stockfish at Skill Level ``level``, one thread, ``nodes`` a move (its own limit)."""
+    argv = m.parse_command(command)
+    return m.EngineSpec(argv, [("Skill Level", str(level)), ("Threads", "1"), ("Hash", "16")],
+                        name=f"sf-skill{level}", nodes=nodes)
 
 
 def _int(value: Any) -> Optional[int]:
@@ -60,23 +91,156 @@ def _number(value: Any) -> Optional[float]:
     return value + 0.0  # a float, never -0.0
 
 
-def generations_to_evaluate(run_dir: str | os.PathLike, every: int = 1) -> list[tuple[int, str]]:
-    """``(generation, onnx path)`` of every ``every``-th generation and the newest, oldest first,
-    whose network file is still there (retention may have removed old ones)."""
-    if every < 1:
-        raise ValueError(f"--every must be 1 or more, got {every}")
-    run_dir = os.fspath(run_dir)
-    found: dict[int, str] = {}
+def _generations(run_dir: str) -> dict[int, dict]:
+    """Every exported generation whose network file is still there (retention may remove old ones):
+    generation -> its generations.jsonl record (the last one written for it)."""
+    found: dict[int, dict] = {}
     for record in read_jsonl(os.path.join(run_dir, GENERATIONS_FILE)):
         generation, onnx = _int(record.get("generation")), record.get("onnx")
         if generation is not None and generation >= 0 and isinstance(onnx, str):
-            path = os.path.join(run_dir, onnx)
-            if os.path.isfile(path):
-                found[generation] = path
+            if os.path.isfile(os.path.join(run_dir, onnx)):
+                found[generation] = record
+    return found
+
+
+def generations_to_evaluate(run_dir: str | os.PathLike, every: int = 1) -> list[tuple[int, str]]:
+    """``(generation, onnx path)`` of every ``every``-th generation and the newest, oldest first."""
+    if every < 1:
+        raise ValueError(f"--every must be 1 or more, got {every}")
+    run_dir = os.fspath(run_dir)
+    found = _generations(run_dir)
     if not found:
         return []
     newest = max(found)
-    return [(g, found[g]) for g in sorted(found) if g % every == 0 or g == newest]
+    return [(g, os.path.join(run_dir, found[g]["onnx"])) for g in sorted(found) if g % every == 0 or g == newest]
+
+
+# --------------------------------------------------------------------------- ratings
+
+
+def fit_ratings(results: Iterable[dict], anchor: str = ANCHOR, prior_draws: float = PRIOR_DRAWS) -> dict[str, dict]:
+    """Elo ratings of every player in ``results`` (lines with ``generation``, ``opponent``, ``wins``,
+    ``draws``, ``losses``): name -> ``{"elo", "low", "high", "games"}`` (95% interval).
+
+    The logistic model P(a beats b) = 1 / (1 + 10^((Rb - Ra) / 400)), draws as half a point each way,
+    fitted by Newton's method with ``anchor`` fixed at 0 and ``prior_draws`` virtual draws a pairing
+    (BayesElo's prior in its simplest form). The intervals come from the inverse of the likelihood's
+    curvature. A player with no path of games to the anchor is left out."""
+    pairs: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        a, b = f"gen{r['generation']}", r["opponent"]
+        if a == b:
+            continue
+        key = (a, b) if a < b else (b, a)
+        n = r["wins"] + r["draws"] + r["losses"]
+        points = r["wins"] + 0.5 * r["draws"]
+        entry = pairs.setdefault(key, [0.0, 0.0])
+        entry[0] += n
+        entry[1] += points if key[0] == a else n - points
+    # the players joined to the anchor by games
+    linked, frontier = {anchor}, [anchor]
+    while frontier:
+        p = frontier.pop()
+        for a, b in pairs:
+            for x, y in ((a, b), (b, a)):
+                if x == p and y not in linked:
+                    linked.add(y)
+                    frontier.append(y)
+    names = sorted(linked - {anchor})
+    if not names:
+        return {anchor: {"elo": 0.0, "low": 0.0, "high": 0.0, "games": 0}} if any(anchor in k for k in pairs) else {}
+    index = {name: i for i, name in enumerate(names)}
+    k = math.log(10.0) / 400.0
+    edges = [(index.get(a), index.get(b), n + prior_draws, s + prior_draws / 2)
+             for (a, b), (n, s) in pairs.items() if a in linked and b in linked and n > 0]
+    ratings = np.zeros(len(names))
+    hessian = np.eye(len(names)) * 1e-9
+    for _ in range(100):
+        grad = np.zeros(len(names))
+        hessian = np.eye(len(names)) * 1e-9
+        for i, j, n, s in edges:
+            ri = 0.0 if i is None else ratings[i]
+            rj = 0.0 if j is None else ratings[j]
+            p = 1.0 / (1.0 + math.exp(-k * (ri - rj)))
+            g, h = k * (s - n * p), k * k * n * p * (1.0 - p)
+            if i is not None:
+                grad[i] += g
+                hessian[i, i] += h
+            if j is not None:
+                grad[j] -= g
+                hessian[j, j] += h
+            if i is not None and j is not None:
+                hessian[i, j] -= h
+                hessian[j, i] -= h
+        step = np.linalg.solve(hessian, grad)
+        ratings += np.clip(step, -400.0, 400.0)
+        if np.max(np.abs(step)) < 1e-6:
+            break
+    errors = np.sqrt(np.maximum(np.diag(np.linalg.inv(hessian)), 0.0)) * Z95
+    games: dict[str, int] = {}
+    for (a, b), (n, _) in pairs.items():
+        for name in (a, b):
+            games[name] = games.get(name, 0) + int(n)
+    out = {anchor: {"elo": 0.0, "low": 0.0, "high": 0.0, "games": games.get(anchor, 0)}}
+    for name, i in index.items():
+        elo = float(ratings[i])
+        out[name] = {"elo": elo, "low": elo - float(errors[i]), "high": elo + float(errors[i]),
+                     "games": games.get(name, 0)}
+    return out
+
+
+def _selfplay_games_before(run_dir: str) -> Callable[[int], int]:
+    """generation -> the self-play games played by the generations before it (the manifest's)."""
+    per_generation: dict[int, int] = {}
+    for chunk in read_manifest(run_dir):
+        if chunk.source == "selfplay":
+            per_generation[chunk.generation] = per_generation.get(chunk.generation, 0) + chunk.games
+    return lambda g: sum(n for gen, n in per_generation.items() if gen < g)
+
+
+def write_ratings(run_dir: str, nodes: int, log: Callable[[str], Any] = lambda line: None) -> dict:
+    """Fit every match at ``nodes`` and write ``RUN/ratings.json`` (see the module); returns it."""
+    rows = [r for r in read_evaluations(run_dir) if r["nodes"] == nodes]
+    fitted = fit_ratings(rows)
+    generations = _generations(run_dir)
+    start = _number(generations.get(0, {}).get("time"))
+    before = _selfplay_games_before(run_dir)
+    curve = []
+    for name, rating in fitted.items():
+        match = re.fullmatch(r"gen(\d+)", name)
+        if match is None:
+            continue
+        g = int(match.group(1))
+        when = _number(generations.get(g, {}).get("time"))
+        curve.append({"generation": g, **rating,
+                      "hours": None if when is None or start is None else max(0.0, when - start) / 3600.0,
+                      "selfplay_games": before(g)})
+    report = {"anchor": ANCHOR, "nodes": nodes, "time": time.time(), "players": fitted,
+              "generations": sorted(curve, key=lambda c: c["generation"])}
+    atomic_write_text(os.path.join(run_dir, RATINGS_FILE), json.dumps(report, indent=1) + "\n")
+    _tensorboard(run_dir, report, log)
+    return report
+
+
+def _tensorboard(run_dir: str, report: dict, log: Callable[[str], Any]) -> None:
+    """The ladder's newest generation in TensorBoard (RUN/tensorboard/ladder), when torch has it:
+    ``ladder/elo`` by generation, ``ladder/elo_by_selfplay_games`` by games played before it."""
+    if not report["generations"]:
+        return
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return  # an engine-only install: ratings.json and elo.png still have it
+    newest = report["generations"][-1]
+    try:
+        with contextlib.closing(SummaryWriter(os.path.join(run_dir, "tensorboard", "ladder"))) as writer:
+            writer.add_scalar("ladder/elo", newest["elo"], newest["generation"])
+            writer.add_scalar("ladder/elo_by_selfplay_games", newest["elo"], newest["selfplay_games"])
+    except OSError as e:
+        log(f"evaluate: TensorBoard not written: {e}")
+
+
+# --------------------------------------------------------------------------- matches
 
 
 @contextlib.contextmanager
@@ -94,12 +258,13 @@ def _locked(run_dir: str) -> Iterator[None]:
 
 
 def _play(engine: m.EngineSpec, opponent: m.EngineSpec, *, games: int, nodes: int, concurrency: int,
-          seed: int, log: Callable[[str], Any]) -> list[int]:
+          seed: int, log: Callable[[str], Any], stop: Optional[threading.Event] = None) -> list[int]:
     """One match; ``[wins, draws, losses]`` from ``engine``'s side."""
     config = m.MatchConfig(
         engine1=engine, engine2=opponent, games=games, time_control=m.TimeControl(nodes=nodes),
         concurrency=concurrency, openings=m.load_openings(), openings_source=str(m.OPENINGS_PATH),
-        seed=seed, event="cyzero-train evaluate")
+        seed=seed, event="cyzero-train evaluate",
+        should_stop=None if stop is None else stop.is_set)
     quiet = m._QuietInfoLines()
     logger = logging.getLogger("chess.engine")
     logger.addFilter(quiet)
@@ -109,6 +274,8 @@ def _play(engine: m.EngineSpec, opponent: m.EngineSpec, *, games: int, nodes: in
         raise KeyboardInterrupt from None  # a match cut short is not a result: nothing is written
     finally:
         logger.removeFilter(quiet)
+    if stop is not None and stop.is_set():
+        raise KeyboardInterrupt
     scores = [g.engine1_score() for g in result.games]
     return [scores.count(1.0), scores.count(0.5), scores.count(0.0)]
 
@@ -123,46 +290,127 @@ def _line(generation: int, opponent: str, wdl: list[int], nodes: int) -> dict:
             "nodes": nodes, "time": time.time()}
 
 
-def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, nodes: int = 64, games: int = 20,
-                 concurrency: int = 1, log: Callable[[str], Any] = print) -> list[dict]:
-    """Play what is missing from ``RUN/evaluation.jsonl`` (see the module) and return the lines
-    written. ValueError for bad arguments, a run without generations or a second evaluation of
-    the same run; :class:`engine.tools.match.MatchError` when an engine cannot play;
-    KeyboardInterrupt leaves the lines written so far."""
-    for name, value in (("nodes", nodes), ("games", games), ("concurrency", concurrency)):
-        if value < 1:
-            raise ValueError(f"--{name} must be 1 or more, got {value}")
+def choose_opponents(generation: int, rated: dict[str, dict], played: set[str], available: set[int],
+                     cfg: LadderConfig) -> list[str]:
+    """The ladder's opponents for ``generation`` (see the module), given the current ``rated`` fit, the
+    opponents it has ``played`` already and the generations whose networks are ``available``."""
+    earlier = [g for g in sorted(available) if g < generation and f"gen{g}" in rated]
+    predecessor = f"gen{earlier[-1]}" if earlier else None
+    estimate = rated[predecessor]["elo"] if predecessor else 0.0
+    chosen = [predecessor] if predecessor else []
+    anchors = [ANCHOR] + (["gen0"] if generation != 0 and 0 in available else [])
+    for name in anchors:
+        if name not in chosen and (name not in rated or abs(rated[name]["elo"] - estimate) <= cfg.window):
+            chosen.append(name)
+    if cfg.stockfish.strip():
+        levels = [f"sf-skill{level}" for level in ladder_levels(cfg.stockfish_levels)]
+        known = [name for name in levels if name in rated]
+        chosen += [name for name in known if abs(rated[name]["elo"] - estimate) <= cfg.window]
+        unknown = [name for name in levels if name not in rated]
+        if unknown and (not known or rated[known[-1]]["elo"] - estimate <= cfg.window / 2):
+            chosen.append(unknown[0])
+    return [name for name in chosen if name not in played]
+
+
+def _spec(name: str, run_dir: str, generations: dict[int, dict], threads: int, cfg: LadderConfig,
+          seed: int) -> m.EngineSpec:
+    if name == ANCHOR:
+        return random_mover_spec(seed=seed)
+    match = re.fullmatch(r"sf-skill(\d+)", name)
+    if match:
+        return stockfish_spec(cfg.stockfish, int(match.group(1)), cfg.stockfish_nodes)
+    g = int(name[3:])
+    return engine_spec(os.path.join(run_dir, generations[g]["onnx"]), threads, name)
+
+
+def rate_generation(run_dir: str, generation: int, cfg: LadderConfig, *, log: Callable[[str], Any],
+                    stop: Optional[threading.Event] = None) -> list[dict]:
+    """Play ``generation``'s ladder matches that are missing (:func:`choose_opponents`, chosen again
+    after each match as the fit moves), append each line, rewrite ratings.json; the lines written."""
+    generations = _generations(run_dir)
+    threads = max(1, _usable_cores() // cfg.concurrency)  # one engine of each pair thinks at a time
+    written = []
+    while True:
+        rows = [r for r in read_evaluations(run_dir) if r["nodes"] == cfg.nodes]
+        played = {r["opponent"] for r in rows if r["generation"] == generation}
+        rated = fit_ratings(rows)
+        todo = choose_opponents(generation, rated, played | {f"gen{generation}"}, set(generations), cfg)
+        if not todo:
+            return written
+        opponent = todo[0]
+        log(f"evaluate: generation {generation} vs {opponent}: {cfg.games} games at {cfg.nodes} nodes")
+        wdl = _play(_spec(f"gen{generation}", run_dir, generations, threads, cfg, generation),
+                    _spec(opponent, run_dir, generations, threads, cfg, generation), games=cfg.games,
+                    nodes=cfg.nodes, concurrency=cfg.concurrency, seed=generation, log=log, stop=stop)
+        if not sum(wdl):
+            raise m.MatchError(f"generation {generation} vs {opponent}: the match ended without a game")
+        line = _line(generation, opponent, wdl, cfg.nodes)
+        append_jsonl(os.path.join(run_dir, EVALUATION_FILE), line)
+        written.append(line)
+        report = write_ratings(run_dir, cfg.nodes, log)
+        mine = report["players"].get(f"gen{generation}")
+        rating = "" if mine is None else f"; generation {generation} now Elo {mine['elo']:+.0f} [{mine['low']:+.0f}, {mine['high']:+.0f}]"
+        log(f"evaluate: generation {generation} vs {opponent}: +{wdl[0]} ={wdl[1]} -{wdl[2]}{rating}")
+
+
+def _usable_cores() -> int:
+    from trainer import usable_cores
+
+    return usable_cores()
+
+
+def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, cfg: Optional[LadderConfig] = None,
+                 follow: bool = False, log: Callable[[str], Any] = print,
+                 stop: Optional[threading.Event] = None) -> list[dict]:
+    """Rate the run's generations on the ladder (see the module) and return the lines written: every
+    ``every``-th and the newest, or with ``follow`` the newest unrated one until ``stop`` is set.
+    ValueError for bad arguments, a run without generations (not with ``follow``: it waits) or a
+    second evaluation of the same run; :class:`engine.tools.match.MatchError` when an engine cannot
+    play; KeyboardInterrupt leaves the lines written so far."""
+    cfg = cfg or LadderConfig()
+    for name in ("nodes", "games", "concurrency", "stockfish_nodes"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be 1 or more, got {getattr(cfg, name)}")
+    if cfg.games % 2:
+        raise ValueError(f"--games must be even (each opening with both colours), got {cfg.games}")
+    ladder_levels(cfg.stockfish_levels)
+    if cfg.stockfish.strip():
+        argv = m.parse_command(cfg.stockfish)  # MatchError at once, not after the first generations
+        if shutil.which(argv[0]) is None:
+            why = (f"ladder.stockfish: {argv[0]} not found (apt-get install stockfish, or set "
+                   "ladder.stockfish = \"\" for no Stockfish anchors)")
+            if not follow:
+                raise m.MatchError(why)
+            log(f"evaluate: {why}: the ladder goes on without Stockfish")  # beside a run: never a restart loop
+            cfg = dataclasses.replace(cfg, stockfish="")
     run_dir = os.path.abspath(os.fspath(run_dir))
     if not os.path.isdir(run_dir):
         raise ValueError(f"no run directory {run_dir}")
-    targets = generations_to_evaluate(run_dir, every)
-    if not targets:
-        raise ValueError(f"{run_dir} has no generation with its network yet ({GENERATIONS_FILE})")
-    first = dict(targets).get(0)  # 0 is a multiple of every K
-    if first is None:
-        log("evaluate: generation 0's network is gone (replay.keep_networks?): playing the random mover only")
-    threads = max(1, usable_cores() // concurrency)  # one engine of each pair thinks at a time
-    written = []
+    stop = stop or threading.Event()
+    written: list[dict] = []
     with _locked(run_dir):
-        done = {(r["generation"], r["opponent"], r["nodes"]) for r in read_evaluations(run_dir)}
-        for generation, path in targets:
-            opponents = {"random": random_mover_spec(seed=generation)}
-            if first is not None and generation != 0:
-                opponents["gen0"] = engine_spec(first, threads, "gen0")
-            for opponent in OPPONENTS:
-                other = opponents.get(opponent)
-                if other is None or (generation, opponent, nodes) in done:
-                    continue
-                log(f"evaluate: generation {generation} vs {opponent}: {games} games at {nodes} nodes")
-                wdl = _play(engine_spec(path, threads, f"gen{generation}"), other, games=games, nodes=nodes,
-                            concurrency=concurrency, seed=generation, log=log)
-                if not sum(wdl):
-                    raise m.MatchError(f"generation {generation} vs {opponent}: the match ended without a game")
-                line = _line(generation, opponent, wdl, nodes)
-                append_jsonl(os.path.join(run_dir, EVALUATION_FILE), line)
-                written.append(line)
-                elo = "?" if line["elo"] is None else f"{line['elo']:+.0f}"
-                error = "" if line["elo_error"] is None else f" ± {line['elo_error']:.0f}"
-                log(f"evaluate: generation {generation} vs {opponent}: +{wdl[0]} ={wdl[1]} -{wdl[2]}, "
-                    f"score {line['score']:.3f}, Elo {elo}{error}")
+        if not follow:
+            targets = generations_to_evaluate(run_dir, every)
+            if not targets:
+                raise ValueError(f"{run_dir} has no generation with its network yet ({GENERATIONS_FILE})")
+            for generation, _ in targets:
+                written += rate_generation(run_dir, generation, cfg, log=log, stop=stop)
+            return written
+        done: set[int] = set()
+        while not stop.is_set():
+            generations = _generations(run_dir)
+            rated = {r["generation"] for r in read_evaluations(run_dir) if r["nodes"] == cfg.nodes}
+            pending = sorted(set(generations) - rated - done)
+            if not pending:
+                stop.wait(FOLLOW_POLL_S)
+                continue
+            newest = pending[-1]
+            skipped = [g for g in pending[:-1] if g != 0]
+            if skipped:
+                log(f"evaluate: rating generation {newest}; skipping {len(skipped)} older unrated ones "
+                    f"({skipped[0]}-{skipped[-1]}): the ladder keeps up with the newest")
+                done.update(skipped)
+            target = 0 if 0 in pending else newest  # generation 0 first: the anchor's first link
+            written += rate_generation(run_dir, target, cfg, log=log, stop=stop)
+            done.add(target)
     return written

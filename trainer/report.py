@@ -49,12 +49,13 @@ PUBLISHED_FILE = "published.jsonl"
 GATING_FILE = "gating.jsonl"
 EVALUATION_FILE = "evaluation.jsonl"
 MANIFEST = os.path.join("replay", "manifest.jsonl")
-OPPONENTS = ("gen0", "random")
+OPPONENT = re.compile(r"random|gen\d+|sf-skill\d+")  # the ladder's players (trainer.evaluate)
+RATINGS_FILE = "ratings.json"
 
 #: What makes a folder a run directory: any one of these (a run that only has its config counts).
 RUN_MARKERS = (CONFIG_FILE, EFFECTIVE_CONFIG_FILE, MANIFEST, CHECKPOINT_DIR, NETWORK_DIR, METRICS_FILE,
                GENERATIONS_FILE, PROGRESS_FILE, "learner.lock", DAEMON_FILE, "daemon.lock", WORKERS_FILE,
-               PUBLISHED_FILE, GATING_FILE, EVALUATION_FILE)
+               PUBLISHED_FILE, GATING_FILE, EVALUATION_FILE, RATINGS_FILE)
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> str:
@@ -218,11 +219,31 @@ def read_evaluations(run_dir: str) -> list[dict]:
         row = {"generation": _int(r.get("generation")), "opponent": r.get("opponent"),
                **{k: _int(r.get(k)) for k in ("wins", "draws", "losses", "games", "nodes")},
                **{k: (None if _num(r.get(k)) is None else r[k] + 0.0) for k in ("score", "elo", "elo_error", "time")}}
-        if (row["generation"] is None or row["opponent"] not in OPPONENTS or row["nodes"] is None
+        if (row["generation"] is None or not isinstance(row["opponent"], str)
+                or not OPPONENT.fullmatch(row["opponent"]) or row["nodes"] is None
                 or None in (row["wins"], row["draws"], row["losses"], row["games"])):
             continue
         rows.append(row)
     return rows
+
+
+def read_ratings(run_dir: str) -> dict | None:
+    """``RUN/ratings.json`` (the ladder's fit, trainer.evaluate.write_ratings) with its generations'
+    fields checked; None when absent or unreadable."""
+    data = _read_json(os.path.join(run_dir, RATINGS_FILE))
+    if not isinstance(data, dict) or not isinstance(data.get("generations"), list):
+        return None
+    keys = ("elo", "low", "high", "hours")
+    curve = []
+    for row in data["generations"]:
+        if isinstance(row, dict) and _int(row.get("generation")) is not None and _num(row.get("elo")) is not None:
+            curve.append({"generation": row["generation"], **{k: _num(row.get(k)) for k in keys},
+                          "games": _int(row.get("games")), "selfplay_games": _int(row.get("selfplay_games"))})
+    players = data.get("players") if isinstance(data.get("players"), dict) else {}
+    anchors = {name: {k: _num(p.get(k)) for k in ("elo", "low", "high")} for name, p in players.items()
+               if isinstance(p, dict) and _num(p.get("elo")) is not None and not re.fullmatch(r"gen\d+", name)}
+    return {"nodes": _int(data.get("nodes")), "time": _num(data.get("time")), "generations": curve,
+            "anchors": anchors}
 
 
 # --------------------------------------------------------------------------- processes
@@ -322,6 +343,7 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
         "metrics": metrics[-1] if metrics else None,
         **daemon_part,
         "evaluation": _newest_evaluation(run_dir),
+        "ratings": read_ratings(run_dir),
     }
 
 
@@ -538,6 +560,31 @@ def format_status(status: dict, now: float | None = None) -> str:
         items = _numeric_items(metrics, ("step", "time"))
         lines.append(f"  last log    step {_number(step)}: " + ", ".join(f"{k} {_number(v)}" for k, v in items))
     lines += _format_daemon(status, now)
+    lines += _format_ladder(status, now)
+    return "\n".join(lines)
+
+
+def _format_ladder(status: dict, now: float) -> list[str]:
+    """``ladder``: the newest rated generation's Elo on the ladder's scale and the anchors near it
+    (RUN/ratings.json); ``evaluation``: the newest generation's matches so far."""
+    lines = []
+    ratings = status.get("ratings")
+    if ratings and ratings["generations"]:
+        newest = ratings["generations"][-1]
+        first = ratings["generations"][0]
+        when = []
+        if newest["hours"] is not None:
+            when.append(f"{newest['hours']:.1f} h")
+        if newest["selfplay_games"] is not None:
+            when.append(f"{newest['selfplay_games']:,} self-play games")
+        anchors = ", ".join(f"{_anchor_name(name)} {r['elo']:+,.0f}" for name, r in
+                            sorted(ratings["anchors"].items(), key=lambda item: item[1]["elo"]) if name != "random")
+        gain = (f", {newest['elo'] - first['elo']:+,.0f} over generation {first['generation']}"
+                if newest["generation"] != first["generation"] else "")
+        lines.append(f"  ladder      generation {newest['generation']}: Elo {newest['elo']:+,.0f} "
+                     f"[{newest['low']:+,.0f}, {newest['high']:+,.0f}] at {_opt(ratings['nodes'])} nodes, the random "
+                     f"mover at 0{gain}" + (f" ({' and '.join(when)} into the run)" if when else "")
+                     + (f"; anchors {anchors}" if anchors else ""))
     evaluation = status.get("evaluation")
     if evaluation:
         parts = []
@@ -548,7 +595,16 @@ def format_status(status: dict, now: float | None = None) -> str:
         when = max((r["time"] for r in evaluation if r["time"] is not None), default=None)
         lines.append(f"  evaluation  generation {evaluation[0]['generation']} at {evaluation[0]['nodes']:,} nodes: "
                      + ", ".join(parts) + (f", {_ago(now - when)}" if when is not None else ""))
-    return "\n".join(lines)
+    return lines
+
+
+def _anchor_name(name: str) -> str:
+    """A ladder player as a person reads it: ``sf-skill3`` is Stockfish skill 3, ``gen0`` generation 0."""
+    match = re.fullmatch(r"sf-skill(\d+)", name)
+    if match:
+        return f"Stockfish skill {match.group(1)}"
+    match = re.fullmatch(r"gen(\d+)", name)
+    return f"generation {match.group(1)}" if match else "the random mover" if name == "random" else name
 
 
 def _format_learner(status: dict, now: float) -> list[str]:
@@ -764,8 +820,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     validation), ``validation.png`` (policy top-1), ``learning_rate.png``, ``grad_norm.png``,
     ``throughput.png`` (samples/s, the window, the generation: a panel each) and ``other.png`` for
     any other metric. From the replay manifest over time: ``data.png`` (positions stored, games
-    per hour), from the first chunk on. From ``gating.jsonl``: ``gating.png``; from
-    ``evaluation.jsonl``: ``elo.png``. Every point is drawn with a marker, so the first log line
+    per hour), from the first chunk on. From ``gating.jsonl``: ``gating.png``; from the ladder's
+    ``ratings.json``: ``elo.png``. Every point is drawn with a marker, so the first log line
     already shows; a panel whose values span decades has a log scale. ValueError: not a run
     directory, or nothing to draw yet."""
     run_dir = check_run_dir(run_dir)
@@ -774,8 +830,10 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     chunks = read_manifest(run_dir)
     gates = [g for g in (_gate(r) for r in _lines(os.path.join(run_dir, GATING_FILE)))
              if g["generation"] is not None and g["elo"] is not None]
-    evaluations = read_evaluations(run_dir)
-    if not rows and not chunks and not gates and not evaluations:
+    ratings = read_ratings(run_dir)
+    if ratings is not None and not ratings["generations"]:
+        ratings = None
+    if not rows and not chunks and not gates and not ratings:
         raise ValueError(f"{run_dir} has nothing to plot yet: no line in {METRICS_FILE} (the learner writes one "
                          f"every log.interval steps), no data in the replay store, no gating or evaluation result")
     import matplotlib
@@ -835,8 +893,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         _integer_x(ax)
         _elo_axes(fig, ax, "Elo against the best (± error)", f"{title}: gating")
         save(fig, "gating")
-    if evaluations:
-        save(_elo_chart(plt, evaluations, title), "elo")
+    if ratings:
+        save(_elo_chart(plt, ratings, title), "elo")
     return written
 
 
@@ -990,42 +1048,31 @@ def _data_chart(plt, chunks: list[Chunk], title: str, val_percent: float):
     return fig
 
 
-def _elo_chart(plt, evaluations: list[dict], title: str):
-    """Elo per generation against each opponent with its 95% error bar. A score of 0 or 1 has no
-    finite Elo: it is drawn as a triangle at the bound half a game less (more) would give. Each
-    node count is its own series (the newest line of a generation and opponent counts)."""
-    from engine.tools.match import elo_from_score
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    latest = {(r["generation"], r["opponent"], r["nodes"]): r for r in evaluations if r["games"] > 0}
-    colours = {"gen0": "tab:blue", "random": "tab:orange"}
-    markers = {"gen0": "o", "random": "s"}  # a finite Elo; a bound is a triangle in the series' colour
-    series = [(o, n) for o in ("gen0", "random") for n in sorted({n for _, o2, n in latest if o2 == o})]
-    # Each series a little to the side of the generation, so that two opponents that scored alike (a
-    # 2-game evaluation won in full against both) stay two visible markers, not one over the other.
-    spread = 0.3 if len(series) > 1 else 0.0
-    for k, (opponent, nodes) in enumerate(series):
-        shift = -spread / 2 + spread * k / (len(series) - 1) if len(series) > 1 else 0.0
-        chosen = sorted((r for (g, o, n), r in latest.items() if o == opponent and n == nodes),
-                        key=lambda r: r["generation"])
-        label = f"vs {'generation 0' if opponent == 'gen0' else 'random mover'}, {nodes:,} nodes"
-        finite = [r for r in chosen if r["elo"] is not None]
-        if finite:
-            ax.errorbar([r["generation"] + shift for r in finite], [r["elo"] for r in finite],
-                        yerr=[r["elo_error"] or 0.0 for r in finite], fmt=f"{markers[opponent]}-", capsize=3,
-                        color=colours[opponent], label=label)
-        labelled = bool(finite)  # one legend entry per series
-        for r in chosen:
-            if r["elo"] is None:
-                points = r["wins"] + 0.5 * r["draws"]
-                up = points * 2 >= r["games"]
-                bound = elo_from_score((points + (-0.5 if up else 0.5)) / r["games"])
-                ax.plot([r["generation"] + shift], [bound], marker="^" if up else "v", markersize=8,
-                        color=colours[opponent], linestyle="none", label=None if labelled else label)
-                labelled = True
-    _integer_x(ax)
-    _elo_axes(fig, ax, "Elo (± 95%; triangle: all won or lost, a bound)",
-              f"{title}: Elo against generation 0 and a random mover")
+def _elo_chart(plt, ratings: dict, title: str):
+    """The ladder (RUN/ratings.json): each generation's Elo with its 95% interval, against the hours
+    since generation 0 and against the self-play games played before it, the random mover at 0 and
+    Stockfish's levels as dashed lines, so that two runs' curves can be laid side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100, sharey=True)
+    curve = ratings["generations"]
+    for ax, key, label in ((axes[0], "hours", "hours since generation 0"),
+                           (axes[1], "selfplay_games", "self-play games played before the generation")):
+        points = [c for c in curve if c[key] is not None]
+        if points:
+            ax.errorbar([c[key] for c in points], [c["elo"] for c in points],
+                        yerr=[[c["elo"] - c["low"] for c in points], [c["high"] - c["elo"] for c in points]],
+                        fmt="o-", capsize=3, color="tab:blue", label="generations")
+        for name, anchor in sorted(ratings["anchors"].items()):
+            if name.startswith("sf-"):
+                ax.axhline(anchor["elo"], color="tab:red", linestyle="--", linewidth=0.8)
+                ax.annotate(_anchor_name(name), (0.01, anchor["elo"]), xycoords=("axes fraction", "data"),
+                            fontsize=7, color="tab:red", va="bottom")
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("Elo (random mover 0, ± 95%)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{title}: the strength ladder at {_opt(ratings['nodes'])} nodes a move")
+    fig.tight_layout()
     return fig
 
 
