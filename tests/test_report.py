@@ -625,3 +625,26 @@ def test_elo_png_is_the_ladder_over_hours_and_over_games_with_stockfish_lines(tm
         dashed = [l for l in ax.get_lines() if l.get_linestyle() == "--"]
         assert [l.get_ydata()[0] for l in dashed] == [900.0]
     assert "64 nodes" in drawn["elo"]._suptitle.get_text()
+
+
+def test_the_loss_chart_says_where_a_head_over_fits(tmp_path, drawn):
+    """A new user's run: the value loss fell from 0.79 to 0.19 in training while validation went
+    1.7, 2.4, 2.1, and nothing said so. The panel now names the step it began at and marks it."""
+    from trainer.report import overfitting, plot_run
+
+    train = [(50, 0.79), (100, 0.5), (150, 0.3), (200, 0.19)]
+    assert overfitting(train, [(50, 1.7), (100, 2.4), (150, 2.2), (200, 2.1)]) == 50.0
+    assert overfitting(train, [(50, 1.7), (100, 1.6), (150, 1.5), (200, 1.45)]) is None   # learning
+    assert overfitting(train, [(50, 1.7), (100, 1.72), (150, 1.71), (200, 1.73)]) is None  # within the noise
+    assert overfitting([(50, 0.8), (200, 0.9)], [(50, 1.7), (100, 2.4), (200, 2.1)]) is None  # both up: not it
+    assert overfitting(train, [(50, 1.7)]) is None and overfitting([], []) is None
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": step, "loss_value": loss, "val_value_ce": val, "loss_policy": 3.0 - step / 100,
+             "val_policy_ce": 3.1 - step / 100}
+            for (step, loss), val in zip(train, (1.7, 2.4, 2.2, 2.1))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_run(str(run))
+    titles = [ax.get_title() for ax in drawn["loss"].axes if ax.get_visible()]
+    assert "value loss (WDL cross-entropy): over-fitting from step 50 (validation up, training down)" in titles
+    assert "policy loss (cross-entropy)" in titles   # the policy learns: nothing said

@@ -957,6 +957,7 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
                              sharex=True, squeeze=False)
     flat = [ax for row in axes for ax in row]
     for ax, (panel_title, ylabel, lines) in zip(flat, panels):
+        lines_by_label = [(label, points) for _, label, points in lines]
         values: list[float] = []
         for key, label, points in lines:
             xs, ys = zip(*points)
@@ -964,7 +965,12 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
             ax.plot(xs, ys, marker="o", markersize=3.5 if len(points) < 200 else 1.5, linewidth=1.2,
                     drawstyle=style, label=label, gid=key)
             values += ys
-        ax.set_title(panel_title, fontsize=10)
+        found = overfitting(*(dict(lines_by_label).get(k) for k in ("training", "validation"))) \
+            if len(lines) == 2 else None
+        if found is not None:  # what over-fitting looks like, said where it shows
+            ax.axvline(found, color="tab:red", linestyle=":", linewidth=1.2)
+            panel_title += f": over-fitting from step {found:,.0f} (validation up, training down)"
+        ax.set_title(panel_title, fontsize=10, **({"color": "tab:red"} if found is not None else {}))
         ax.set_ylabel(ylabel)
         _style_y(ax, values, integer=ylabel == "generation")
         steps = [x for _, _, points in lines for x, _ in points]
@@ -982,6 +988,26 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
     fig.suptitle(heading)
     fig.tight_layout()
     return fig
+
+
+OVERFIT_RISE = 0.10  # validation this far (a share) above its lowest, while training fell: over-fitting
+
+
+def overfitting(training: list | None, validation: list | None) -> float | None:
+    """The step from which a loss over-fits, or None: the held-out loss has risen at least
+    :data:`OVERFIT_RISE` above its lowest point (that point's step is returned) while the training
+    loss at the last log line is below where it was then. Both are (step, loss) series."""
+    if not training or not validation or len(validation) < 3:
+        return None
+    best_step, best = min(validation, key=lambda point: point[1])
+    last_step, last = validation[-1]
+    if last_step <= best_step or best <= 0 or last < best * (1 + OVERFIT_RISE):
+        return None
+    before = [loss for step, loss in training if step <= best_step]
+    after = [loss for step, loss in training if step >= last_step - 1e-9]
+    if not before or not after or after[-1] >= before[-1]:
+        return None
+    return float(best_step)
 
 
 def _data_chart(plt, chunks: list[Chunk], title: str, val_percent: float):
