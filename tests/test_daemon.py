@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -723,3 +724,23 @@ def test_a_worker_started_with_nice_runs_lower_in_priority():
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_the_daemon_says_whether_it_starts_or_resumes_a_run_when_it_published_and_what_a_stop_loses(run_dir):
+    with Running(run_dir) as running:
+        assert "a new run: no self-play game stored yet" in running.lines
+        with Client(running.info["endpoint"]) as client:
+            client.register("w-1")
+            client.send(wire.Heartbeat("w-1", 3, 5.0, 0))
+            wait_for(lambda: running.daemon.games_in_play() == 3, what="the heartbeat's games in play")
+            client.send(game(game_id="g-1", worker="w-1"))
+            client.expect(wire.Ack)
+        add_generation(run_dir, 1)
+        wait_for(lambda: any(line.startswith("published generation 1 ") for line in running.lines),
+                 what="generation 1 published")
+    line = next(line for line in running.lines if line.startswith("published generation 1 "))
+    assert re.search(r"published generation 1 \(networks/gen-00001\.onnx\) at \d\d:\d\d:\d\d, [0-9.]+ min after "
+                     r"this daemon's start", line), line
+    with Running(run_dir) as running:
+        assert ("resuming the run: generation 1 published, 1 self-play game stored (the learner resumes at its "
+                "last checkpoint)") in running.lines

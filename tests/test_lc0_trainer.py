@@ -289,7 +289,7 @@ def test_learn_init_from_starts_a_new_run_from_the_file_and_resumes_without_it(t
     code, lines = run_learn(run, steps=2, init_from=source)
     assert code == 0, lines
     assert any("shape comes from the file" in ln and "net \"1x8\" -> \"3x16\"" in ln for ln in lines), lines
-    assert any("resuming at step 0 (generation 0)" in ln for ln in lines), lines
+    assert any("a new run: starting at step 0 from generation 0" in ln for ln in lines), lines
     generations = [json.loads(ln) for ln in open(os.path.join(run, "generations.jsonl"))]
     assert [(g["generation"], g["step"]) for g in generations] == [(0, 0), (1, 2)]
 

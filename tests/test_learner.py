@@ -599,7 +599,7 @@ def test_initialize_run_makes_generation_zero_where_the_learner_starts(tmp_path)
     Network(path, backend="cpu").close()
     assert initialize_run(run, log=lambda line: None) == record  # a second call changes nothing
     code, lines = run_learn(run, steps=4)
-    assert code == 0 and any("resuming at step 0 (generation 0)" in ln for ln in lines), lines
+    assert code == 0 and any("a new run: starting at step 0 from generation 0" in ln for ln in lines), lines
     generations = [json.loads(ln)["generation"] for ln in open(os.path.join(run, "generations.jsonl"))]
     assert generations == [0, 1]
 

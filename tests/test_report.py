@@ -648,3 +648,27 @@ def test_the_loss_chart_says_where_a_head_over_fits(tmp_path, drawn):
     titles = [ax.get_title() for ax in drawn["loss"].axes if ax.get_visible()]
     assert "value loss (WDL cross-entropy): over-fitting from step 50 (validation up, training down)" in titles
     assert "policy loss (cross-entropy)" in titles   # the policy learns: nothing said
+
+
+def test_status_says_which_weights_each_validation_figure_is_of(run):
+    """Issue 54: `status` showed two top-1 figures (0.087 and 0.063) with nothing saying why: one is
+    the exported generation's network at its export, the other the weights in training at the last
+    log line."""
+    text = format_status(run_status(run))
+    assert "  validation  generation 2's network on the held-out positions, at its export: policy_top1 0.2 (was 0.1)" \
+        in text
+    assert "  last log    step 300, the weights in training (val_: on the held-out positions): " in text
+
+
+def test_while_the_learner_exports_status_says_so_not_that_the_generation_is_still_to_come(
+        tmp_path, fake_daemon_for):
+    """For about 10 s after a checkpoint both the live line and status said "generation 3 at step 400"
+    when generation 3 was being exported (and then published): the learner now says it exports."""
+    from trainer.progress import display_lines
+
+    run, now = learner_run(tmp_path, fake_daemon_for, state="exporting", step=100, generation=1)
+    status = run_status(run, now=now)
+    text = format_status(status, now=now)
+    assert "  training    step 100: writing its checkpoint and exporting generation 1 (as of 1 s ago)" in text
+    assert "next gen" not in text and status["next_generation"] is None
+    assert display_lines(status)[1].startswith("learner    step 100, 32 samples/s, exporting generation 1")

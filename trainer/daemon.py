@@ -392,6 +392,7 @@ class Daemon:
         self._stopped = False
         self.endpoint = self.publish = self.fetch = ""
         self.addresses = machine_addresses()  # where remote machines reach a wildcard bind
+        self.started = 0.0  # unix time of start()
 
     # -- commands --------------------------------------------------------------------------
 
@@ -538,6 +539,7 @@ class Daemon:
             wire.encode(self._registered())
         except wire.WireError as e:
             raise ValueError(f"the workers' settings cannot be sent: {e}") from None
+        self.started = time.time()
         self._write_daemon_json()
         self._start_children()
         if self.config.gating.enabled:
@@ -546,6 +548,12 @@ class Daemon:
         self.log(f"serving {self.name}: workers at {self.advertised(self.endpoint)}, announcements at "
                  f"{self.advertised(self.publish)}"
                  f"{' (CurveZMQ)' if self.keys_dir else ''}; generation {self._current_generation()}")
+        if self._games_total:
+            self.log(f"resuming the run: generation {self._current_generation()} published, "
+                     f"{self._games_total:,} self-play game{'s' if self._games_total != 1 else ''} stored (the learner "
+                     "resumes at its last checkpoint)")
+        else:
+            self.log("a new run: no self-play game stored yet")
         for device, share in self.device_split().items():
             self.log(f"{device}: {describe_share(share)}")
         self.log(self.describe_cores())
@@ -928,7 +936,8 @@ class Daemon:
         append_jsonl(os.path.join(self.run_dir, PUBLISHED_FILE), line)
         with self._lock:
             self._considered = max(self._considered, record["generation"])
-        self.log(f"published generation {record['generation']} ({record['onnx']})")
+        self.log(f"published generation {record['generation']} ({record['onnx']}) at {time.strftime('%H:%M:%S')}"
+                 + (f", {(time.time() - self.started) / 60:.1f} min after this daemon's start" if self.started else ""))
 
     def _poll_generations(self) -> None:
         """Publish (or queue for gating) each generation the learner exported since the last look."""
@@ -1018,6 +1027,10 @@ class Daemon:
             self._dropped(f"{WORKERS_FILE} not written: {e}")
 
     # -- stop ------------------------------------------------------------------------------
+
+    def games_in_play(self) -> int:
+        """Games the workers last said they were playing (lost at a stop: a game is kept only once it ends)."""
+        return sum(w.playing for w in self._workers.values() if w.last_seen)
 
     def hurry(self) -> None:
         """A second signal: kill the children at once (the stop skips its waits)."""
@@ -1139,7 +1152,10 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
                 log("second signal: killing the children")
                 daemon.hurry()
             else:
-                log(f"{signal.Signals(signum).name}: stopping (a second one kills at once)")
+                playing = daemon.games_in_play()
+                log(f"{signal.Signals(signum).name}: stopping (a second one kills at once): every finished game is "
+                    f"stored; the {playing:,} game{'s' if playing != 1 else ''} in play here end unfinished and are "
+                    "not kept; the learner writes its checkpoint")
                 stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):

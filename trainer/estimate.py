@@ -151,8 +151,8 @@ def next_generation(learner: dict | None, data: dict, selfplay: dict | None, met
     ``step``, ``steps_left``, ``eta_s`` (None while measuring), ``limited_by`` ("learner" or
     "selfplay"), ``measuring`` (why there is no time yet), ``steps_allowed_now``,
     ``data_steps_per_s``, ``learner_samples_per_s``. None: no learner running."""
-    if not learner or not learner.get("running") or learner.get("step") is None:
-        return None
+    if not learner or not learner.get("running") or learner.get("step") is None or learner.get("state") == "exporting":
+        return None  # exporting: the training line says which generation is on its way
     step, every, batch = learner["step"], learner.get("checkpoint_every"), learner.get("batch_size")
     if not every or not batch:
         return None

@@ -776,7 +776,10 @@ class _Learner:
             self.averager.load_state_dict(data["average"], self.device)
         self.step = self.checkpoint_step = int(data["step"])
         self.generation = int(data["generation"])
-        self.log(f"learner: resuming at step {self.step:,} (generation {self.generation}) from {path}")
+        if self.step == 0:  # the run's start made generation 0 as the step-0 checkpoint: nothing is resumed
+            self.log(f"learner: a new run: starting at step 0 from generation 0 ({path})")
+        else:
+            self.log(f"learner: resuming at step {self.step:,} (generation {self.generation}) from {path}")
         return data["sampler"]
 
     def _checkpoint_dict(self) -> dict:
@@ -867,6 +870,8 @@ class _Learner:
         """A new data snapshot on every rank, then (rank 0) the checkpoint, which holds the new
         snapshot's cursor (so a resumed run samples what this one will), and its generation's export."""
         self.generation += 1
+        if self.reporter is not None:  # status: this generation is on its way, not "at step N" still to come
+            self.reporter.write_progress("exporting", force=True)
         self._refresh()
         self.val_batch = None
         if self.rank == 0:

@@ -44,7 +44,9 @@ def display_lines(status: dict) -> tuple[str, ...]:
     else:
         rate = learner_rate(learner, status.get("metrics"))
         learn = (f"step {learner['step']:,}, " + (f"{rate:,.0f} samples/s" if rate else "samples/s measuring")
-                 + (", waiting for games" if learner.get("state") == "waiting" else ""))
+                 + (", waiting for games" if learner.get("state") == "waiting" else "")
+                 + (f", exporting generation {learner.get('generation')}" if learner.get("state") == "exporting"
+                    else ""))
     window = (status.get("data") or {}).get("window")
     if window is not None:
         learn += f"; window {window:,} positions"

@@ -401,7 +401,7 @@ def _learner_status(run_dir: str) -> dict | None:
         "training_positions", "loader_samples_per_s", "loader_wait_share",
         "samples_drawn", "max_samples_per_position", "batches_available", "waiting_since", "waited_s")}
     state = record.get("state")
-    out["state"] = state if state in ("training", "waiting", "stopped") else None
+    out["state"] = state if state in ("training", "waiting", "exporting", "stopped") else None
     out["device"] = _text(record.get("device"))
     out["follow"] = record.get("follow") is True
     out["running"] = False if out["state"] == "stopped" else process_runs(out["pid"], "learn", run_dir)
@@ -553,12 +553,16 @@ def format_status(status: dict, now: float | None = None) -> str:
                 before = previous.get(key) if isinstance(previous, dict) else None
                 trend = f" (was {_number(before)})" if isinstance(before, (int, float)) else ""
                 parts.append(f"{key} {_number(value)}{trend}")
-            lines.append("  validation  " + ", ".join(parts))
+            which = generation.get("weights")
+            lines.append(f"  validation  generation {generation.get('generation')}'s network"
+                         + (f" ({which} weights)" if isinstance(which, str) else "")
+                         + " on the held-out positions, at its export: " + ", ".join(parts))
     metrics = status["metrics"]
     if metrics:
         step = metrics.get("step")
         items = _numeric_items(metrics, ("step", "time"))
-        lines.append(f"  last log    step {_number(step)}: " + ", ".join(f"{k} {_number(v)}" for k, v in items))
+        lines.append(f"  last log    step {_number(step)}, the weights in training (val_: on the held-out positions): "
+                     + ", ".join(f"{k} {_number(v)}" for k, v in items))
     lines += _format_daemon(status, now)
     lines += _format_ladder(status, now)
     return "\n".join(lines)
@@ -631,6 +635,9 @@ def _format_learner(status: dict, now: float) -> list[str]:
     else:
         rate = "samples/s not measured yet"
     rate += describe_loader(learner)
+    if learner["state"] == "exporting":
+        return [f"  training    step {step}: writing its checkpoint and exporting generation "
+                f"{_opt(learner['generation'])} ({as_of})"]
     if learner["state"] == "waiting":
         since = learner["waiting_since"]
         why = (f"at the sampling cap, replay.max_samples_per_position = {_number(learner['max_samples_per_position'])}"
