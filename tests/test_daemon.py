@@ -378,6 +378,11 @@ def test_keys_admit_only_authorised_clients(run_dir, tmp_path):
                                                flags=zmq.DONTWAIT)
             assert member.register("member").generation == 0
             assert plain.recv(1.0) is None and stranger.recv(0.2) is None
+            # the stranger's refused handshake is said (with its address), not silently dropped
+            wait_for(lambda: any(line.startswith("refused a handshake from 127.0.0.1") for line in running.lines),
+                     what="the refusal logged")
+            refusal = next(line for line in running.lines if line.startswith("refused a handshake from 127.0.0.1"))
+            assert "DENIED (CURVE)" in refusal and str(keys / "authorized") in refusal
         assert "intruder" not in running.daemon._workers
         # the local workers get keys of their own, admitted as the others
         assert os.path.isfile(keys / "clients" / "local" / "client.key_secret")
@@ -744,3 +749,39 @@ def test_the_daemon_says_whether_it_starts_or_resumes_a_run_when_it_published_an
     with Running(run_dir) as running:
         assert ("resuming the run: generation 1 published, 1 self-play game stored (the learner resumes at its "
                 "last checkpoint)") in running.lines
+
+
+def test_a_worker_that_falls_silent_and_comes_back_is_said_and_one_off_clients_age_out(run_dir, monkeypatch):
+    import trainer.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "SILENT_S", 0.5)
+    monkeypatch.setattr(daemon_module, "FORGET_S", 3.0)
+    monkeypatch.setattr(daemon_module, "WORKERS_EVERY_S", 0.2)
+    with Running(run_dir) as running:
+        with Client(running.info["endpoint"]) as client:
+            client.register("remote-1")
+            wait_for(lambda: any(line.startswith("remote-1 on testhost silent for") for line in running.lines),
+                     what="the silence said")
+            client.send(wire.Heartbeat("remote-1", 2, 1.0, 0))
+            wait_for(lambda: any(line.startswith("remote-1 is back after") for line in running.lines),
+                     what="the return said")
+        wait_for(lambda: "remote-1" not in running.daemon._workers, what="the one-off client forgotten")
+        assert any(line.startswith("remote-1 forgotten: silent for") for line in running.lines)
+        assert "local-cpu-0" in running.daemon._workers   # local ones are never forgotten
+
+
+def test_held_back_lines_are_counted_after_a_quiet_spell_not_only_at_the_next_one():
+    from trainer.daemon import _Limited
+
+    lines = []
+    limited = _Limited(lines.append, burst=2, period=0.2)
+    for k in range(5):
+        limited(f"bad {k}")
+    assert lines == ["bad 0", "bad 1"]
+    limited.flush()
+    assert lines == ["bad 0", "bad 1"]       # the period is not over yet
+    time.sleep(0.25)
+    limited.flush()
+    assert lines == ["bad 0", "bad 1", "(3 more such lines held back)"]
+    limited.flush()
+    assert len(lines) == 3

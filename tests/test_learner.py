@@ -872,6 +872,9 @@ def test_runs_unchanged_under_torchrun(tmp_path, one_thread):
     assert proc.stderr.count("learner: done at step 4") == 1  # rank 0 alone reports
     for rank in (0, 1):  # but every rank says that it joined, and where
         assert re.search(rf"learner: rank {rank} of 2 joined the gloo group on cpu \(.+, pid \d+\)", proc.stderr)
+    # and rank 1 its own rate at each log line (rank 0 writes the run's)
+    assert re.search(r"learner: rank 1 of 2 on cpu \(.+\): step 2, [\d,]+ samples/s of its slice \(\d+ a step\)",
+                     proc.stderr), proc.stderr[-2000:]
     generations = [json.loads(line) for line in open(os.path.join(run, "generations.jsonl"))]
     assert [g["step"] for g in generations] == [4]
 

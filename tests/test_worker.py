@@ -542,3 +542,25 @@ def test_several_devices_run_one_process_each(daemon_factory, nets):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_the_worker_says_when_the_daemon_is_gone_and_when_it_is_back(daemon_factory, nets):
+    """Issue 54: an outage showed on neither side. The worker says when its heartbeat finds no
+    connection, plays on, and says when the daemon answers again."""
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    worker = start(daemon)
+    daemon.serve(lambda: any(isinstance(m, wire.Heartbeat) for _, m in daemon.messages))
+    daemon.router.close(0)          # the daemon is gone
+    deadline = time.monotonic() + 30
+    while not worker.said("is unreachable since") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert worker.said(f"the daemon at {daemon.endpoint} is unreachable since"), worker.lines
+    daemon.restart()
+    mark = len(daemon.messages)
+    daemon.serve(lambda: any(isinstance(m, wire.Heartbeat) for _, m in daemon.messages[mark:]))
+    deadline = time.monotonic() + 30
+    while not worker.said("is reachable again after") and time.monotonic() < deadline:
+        daemon.serve(lambda: True)
+        time.sleep(0.1)
+    assert worker.said(f"the daemon at {daemon.endpoint} is reachable again after"), worker.lines

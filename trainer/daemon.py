@@ -28,6 +28,7 @@ import dataclasses
 import fcntl
 import ipaddress
 import json
+import logging
 import os
 import re
 import signal
@@ -66,6 +67,8 @@ STOP_WAIT_S = 90.0  # children's time to stop cleanly (the learner's final check
 MAX_BACKOFF_S = 60.0
 QUICK_DEATH_S = 60.0  # a child dying sooner after its start doubles its next backoff
 ALIVE_S = 10.0  # a worker heard from within this (5 of trainer.worker's heartbeats) counts as alive
+SILENT_S = 30.0  # a worker not heard from for this long is said to be silent (and again when it is back)
+FORGET_S = 3600.0  # a remote worker silent this long leaves the workers list (a one-off client, a machine gone)
 RECENT_GAME_IDS = 100_000  # stored game ids remembered to drop resends: about 13 MB (see _RecentIds)
 RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
 MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
@@ -173,18 +176,58 @@ class _Limited:
         self._start = 0.0
         self._count = 0
         self._held = 0
+        self._lock = threading.Lock()  # the ZAP thread writes refusals through one
 
     def __call__(self, line: str) -> None:
-        now = time.monotonic()
-        if now - self._start >= self._period:
-            if self._held:
-                self._log(f"({self._held} more such lines held back)")
-            self._start, self._count, self._held = now, 0, 0
-        if self._count < self._burst:
-            self._count += 1
-            self._log(line)
-        else:
-            self._held += 1
+        with self._lock:
+            now = time.monotonic()
+            if now - self._start >= self._period:
+                self._say_held()
+                self._start, self._count = now, 0
+            if self._count < self._burst:
+                self._count += 1
+                self._log(line)
+            else:
+                self._held += 1
+
+    def flush(self) -> None:
+        """Say how many lines were held back once the period is over, even when no new line comes."""
+        with self._lock:
+            if self._held and time.monotonic() - self._start >= self._period:
+                self._say_held()
+
+    def _say_held(self) -> None:
+        if self._held:
+            self._log(f"({self._held} more such lines held back)")
+        self._held = 0
+
+
+class _Refusals(logging.Handler):
+    """pyzmq's ZAP authenticator's debug lines -> one daemon line per refused CURVE handshake (its
+    address and why), through a :class:`_Limited` log: a client without an authorised key is seen."""
+
+    def __init__(self, log: Log, authorized: str):
+        super().__init__(logging.DEBUG)
+        self._log, self._authorized = log, authorized
+        self._address = "?"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        args = record.args if isinstance(record.args, tuple) else ()
+        if text.startswith("version:") and len(args) >= 4:
+            self._address = str(args[3])  # the request being decided: its peer's address
+        elif text.startswith("DENIED"):
+            self._log(f"refused a handshake from {self._address}: {text} (not a key in {self._authorized})")
+        elif record.levelno >= logging.ERROR:
+            self._log(f"refused a handshake from {self._address}: {text}")
+
+
+def _refusal_logger(log: Log, authorized: str) -> logging.Logger:
+    logger = logging.getLogger(f"cyzero.daemon.zap.{id(log)}")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.handlers = [_Refusals(log, authorized)]
+    return logger
 
 
 # --------------------------------------------------------------------------- children
@@ -265,6 +308,7 @@ class _Worker:
     positions: int = 0
     started: float = dataclasses.field(default_factory=time.time)
     child: Optional[_Child] = None
+    silent_since: Optional[float] = None  # monotonic time it was said to be silent (None: heard lately)
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -358,6 +402,8 @@ class Daemon:
         self.simulate_gpu = simulate_gpu   # the GPU workers' networks run on the stand-in
         self.log: Log = log or _stderr
         self._dropped = _Limited(self.log)
+        self._refused = _Limited(self.log)  # refused CURVE handshakes
+        self._fetch_log = _Limited(self.log)  # the fetch socket's malformed requests
         if worker_command is not None:
             self.worker_command = worker_command  # type: ignore[method-assign]
         if learner_command is not None:
@@ -609,7 +655,8 @@ class Daemon:
 
             create_keys(self.keys_dir, ["local"])  # the local workers' pair; existing keys are kept
             server_keys = load_server_keys(os.path.join(self.keys_dir, "server", "server.key_secret"))
-            self._auth = ThreadAuthenticator(self._ctx)
+            authorized = os.path.join(self.keys_dir, "authorized")
+            self._auth = ThreadAuthenticator(self._ctx, log=_refusal_logger(self._refused, authorized))
             self._auth.start()
             self._auth.configure_curve(domain="*", location=os.path.join(self.keys_dir, "authorized"))
         router = self._ctx.socket(zmq.ROUTER)
@@ -627,7 +674,7 @@ class Daemon:
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         try:
             self._announcer = Announcer(d.publish, fetch_endpoint=d.fetch, server_keys=server_keys,
-                                        context=self._ctx, log=self.log)
+                                        context=self._ctx, log=self._fetch_log)
         except zmq.ZMQError as e:
             raise ValueError(f"cannot bind daemon.publish {d.publish} or daemon.fetch {d.fetch}: {e}") from None
         self.publish = self._announcer.endpoint
@@ -748,8 +795,11 @@ class Daemon:
                 self._poll_generations()
                 next_generations = now + GENERATIONS_EVERY_S
             if now >= next_workers:
+                self._watch_workers()
                 self._write_workers()
                 next_workers = now + WORKERS_EVERY_S
+                for limited in (self._dropped, self._refused, self._fetch_log):
+                    limited.flush()
             if tick is not None:
                 tick()
 
@@ -790,6 +840,9 @@ class Daemon:
         worker = self._workers.get(worker_id)
         if worker is None:
             worker = self._workers[worker_id] = _Worker(worker_id)
+        if worker.silent_since is not None:
+            self.log(f"{worker_id} is back after {time.monotonic() - worker.last_heard:,.0f} s silent")
+            worker.silent_since = None
         worker.identity = identity
         worker.last_seen = time.time()
         worker.last_heard = time.monotonic()
@@ -1027,6 +1080,22 @@ class Daemon:
             self._dropped(f"{WORKERS_FILE} not written: {e}")
 
     # -- stop ------------------------------------------------------------------------------
+
+    def _watch_workers(self) -> None:
+        """Say when a worker falls silent (once) and forget remote ones silent for :data:`FORGET_S`."""
+        now = time.monotonic()
+        for worker_id, worker in list(self._workers.items()):
+            if not worker.last_heard:
+                continue
+            quiet = now - worker.last_heard
+            if worker.silent_since is None and quiet >= SILENT_S:
+                worker.silent_since = now
+                where = "" if worker.local else f" on {worker.host}"
+                self.log(f"{worker_id}{where} silent for {quiet:,.0f} s (last heard at "
+                         f"{time.strftime('%H:%M:%S', time.localtime(worker.last_seen))})")
+            if not worker.local and quiet >= FORGET_S:
+                del self._workers[worker_id]
+                self.log(f"{worker_id} forgotten: silent for {quiet / 60:,.0f} min (its games stay stored)")
 
     def games_in_play(self) -> int:
         """Games the workers last said they were playing (lost at a stop: a game is kept only once it ends)."""

@@ -666,6 +666,7 @@ class _Learner:
         self.cfg = from_dict(launch.config)
         self.rank, self.world, self.device = rank, world, device
         self.log = log if rank == 0 else _quiet
+        self.rank_log = log  # a rank's own lines (its rate): every rank says them
         self.net_config = net_config(self.cfg)
         self.net = build_net(self.net_config, seed=self.cfg.train.seed).to(device)
         if launch.checkpoint is None and self.cfg.train.init_from:
@@ -705,6 +706,8 @@ class _Learner:
         self.stop_requested = threading.Event()  # set by SIGTERM/SIGINT (see _run_rank)
         self.stopped = False  # the loop ended because a stop was asked for (not --steps, not out of data)
         self._waits = 0  # times this run waited for new data (--follow)
+        self._rank_clock = time.perf_counter()  # this rank's own rate, between log lines (ranks > 0 say it)
+        self._rank_waited = 0.0
         self._stop_vote = _StopVote(device, lagged=device.type == "cuda") if world > 1 else None
         self.feed = DeviceFeed(device)
 
@@ -966,7 +969,9 @@ class _Learner:
                     if self._waits == 0:  # with --follow (under the daemon) waiting for games is normal: said once
                         self.log(self._waiting_line())
                     self._waits += 1
+                started = time.perf_counter()
                 self.stop_requested.wait(self.cfg.train.starved_poll_s)
+                self._rank_waited += time.perf_counter() - started
                 if self.reporter is not None:
                     self.reporter.write_progress("waiting")  # status sees the learner alive while it waits
                 if self._should_stop(now=True):
@@ -1064,6 +1069,13 @@ class _Learner:
         steps, self._pending = self._pending, 0
         if self.reporter is not None:
             self.reporter.metrics(values, steps)
+        if self.rank != 0:  # rank 0 writes the run's rate; under torchrun a node's log shows its own ranks
+            now = time.perf_counter()
+            busy = max(now - self._rank_clock - self._rank_waited, 1e-9)
+            share = self.cfg.train.batch_size // self.world
+            self.rank_log(f"learner: rank {self.rank} of {self.world} on {self.device} ({socket.gethostname()}): step "
+                     f"{self.step:,}, {steps * share / busy:,.0f} samples/s of its slice ({share} a step)")
+        self._rank_clock, self._rank_waited = time.perf_counter(), 0.0
 
 
 def _to_cpu(value):

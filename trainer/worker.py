@@ -56,6 +56,7 @@ __all__ = ["HEARTBEAT_S", "MAX_UNACKED_BYTES", "MAX_UNACKED_GAMES", "REGISTER_S"
 
 REGISTER_S = 5.0      # Register is resent this often until Registered
 HEARTBEAT_S = 2.0     # a Heartbeat this often
+LINK_TIMEOUT_S = 10.0  # no answer to ZeroMQ's own pings for this long: the connection is dropped
 RESEND_S = 10.0       # a game not acknowledged within this is sent again
 STOP_WAIT_S = 10.0    # on stop, how long to wait for the last acks
 STATS_S = 60.0        # one line of games/h, positions/s and generation this often
@@ -161,6 +162,7 @@ class _Link:
         self.refused = 0
         self._limit = RateLimit()
         self._drain_until: Optional[float] = None
+        self._down_since: Optional[float] = None  # monotonic time the daemon became unreachable
         self._closing = threading.Event()
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, name="cyzero-worker-link", daemon=True)
@@ -240,6 +242,10 @@ class _Link:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for a daemon that is not there: resends cover it
+            # ZMTP pings: a link cut without a reset (a cable, a firewall) drops the connection within
+            # LINK_TIMEOUT_S instead of TCP's minutes, so sends fail and the outage is seen and said
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(LINK_TIMEOUT_S * 1000))
             sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
             if self._keys is not None:
                 self._keys.apply(sock)
@@ -293,8 +299,9 @@ class _Link:
                     entry[1] = now + RESEND_S
             if self.registered is not None and now >= next_heartbeat:
                 rate = self._rate(samples, now)
-                self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
-                                                            int(self.generation))))
+                reached = self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
+                                                                      int(self.generation))))
+                self._link(reached, now)
                 next_heartbeat = now + HEARTBEAT_S
             if now >= next_stats:
                 positions_per_s, games_per_h = self._rate(samples, now)
@@ -311,6 +318,17 @@ class _Link:
                     except self._zmq.Again:
                         break
                     self._receive(frames)
+
+    def _link(self, reached: bool, now: float) -> None:
+        """Say when the daemon stops being reachable (a heartbeat finds no connection) and when it is
+        again: the outage as this worker saw it, beside the daemon's "silent" and "back" lines."""
+        if not reached and self._down_since is None:
+            self._down_since = now
+            self._say(f"the daemon at {self.connect} is unreachable since {time.strftime('%H:%M:%S')}: self-play "
+                      f"goes on, finished games are kept ({len(self.unacked)} unacknowledged) and sent when it is back")
+        elif reached and self._down_since is not None:
+            self._say(f"the daemon at {self.connect} is reachable again after {now - self._down_since:,.0f} s")
+            self._down_since = None
 
     def _rate(self, samples: collections.deque, now: float) -> tuple[float, float]:
         """(positions/s, games/h) over about the last minute; games/h counts the games without a record too."""
