@@ -33,6 +33,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -149,12 +150,31 @@ def machine_addresses() -> list[str]:
             found.append(probe.getsockname()[0])
     except OSError:
         pass
+    found += _interface_addresses()
     try:
         found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
     except OSError:
         pass
     addresses = [a for a in dict.fromkeys(found) if not _is_loopback(a) and a != "0.0.0.0"]
     return addresses + [socket.gethostname()]
+
+
+def _interface_addresses() -> list[str]:
+    """Each network interface's IPv4 address (Linux's SIOCGIFADDR; elsewhere none): a machine with no
+    default route (a cluster's private network) is still reachable at them."""
+    found = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            continue  # no IPv4 address on it
+        found.append(socket.inet_ntoa(packed[20:24]))
+    return found
 
 
 def _local(endpoint: str) -> str:
@@ -601,8 +621,10 @@ class Daemon:
         else:
             self.log("a new run: no self-play game stored yet")
         for device, share in self.device_split().items():
-            self.log(f"{device}: {describe_share(share)}")
-        self.log(self.describe_cores())
+            if share["selfplay_workers"] or share["learner_ranks"]:
+                self.log(f"{device}: {describe_share(share)}")
+        if self._workers and self._learner is not None:  # the cores' share matters only when both run here
+            self.log(self.describe_cores())
         if not self._workers:
             self.log(f"no self-play worker on this machine: the games come from remote workers "
                      f"(`cyzero-train worker --connect {self.advertised(self.endpoint)}`)")
