@@ -63,7 +63,10 @@ worker_threads = 1
 flush_s = 0.3
 restart_backoff_s = 0.5
 [ladder]
-enabled = false
+nodes = 2
+games = 2
+stockfish = ""
+window = 10000.0
 """
 
 
@@ -169,6 +172,15 @@ def test_a_run_plays_learns_publishes_and_survives_its_faults(tmp_path):
             time.sleep(0.2)  # leave the cores to the run between searches
         assert swaps == sorted(swaps) and len(set(swaps)) >= 3  # generation 0 and at least two trained ones
         assert set(swaps) <= set(published(run))
+
+        # The ladder rates generations beside the run: generation 0 and a trained one on the scale.
+        def rated():
+            ratings = read_json(os.path.join(run, "ratings.json")) or {"generations": []}
+            return len([g for g in ratings["generations"] if g["generation"] >= 1]) >= 1 and \
+                ratings["generations"][0]["generation"] == 0
+
+        wait_for(rated, "ratings.json with generation 0 and a trained generation", daemon=daemon, run=run)
+        assert "ladder" in read_json(os.path.join(run, "workers.json"))
 
         # The worker plays on the simulated cuda:0 at fixed sizes; status shows how cuda:0 is used.
         wait_for(lambda: max(played_generations(run), default=0) >= 1,
