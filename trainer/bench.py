@@ -73,13 +73,13 @@ def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int) -> No
         store.append_games([base[rng.integers(0, len(base), chunk_positions)]], generation=0, source="bench")
 
 
-def _raw_rates(net_name, batch, device: torch.device, amp: str, interval: int, intervals: int) -> list[float]:
+def _raw_rates(shape, batch, device: torch.device, amp: str, interval: int, intervals: int) -> list[float]:
     """samples/s of train_step alone on one batch, per ``interval`` steps (after one interval of warm-up)."""
     from trainer.config import LossConfig, OptimizerConfig
     from trainer.learner import make_optimizer, train_step
     from trainer.model import build_net
 
-    net = build_net(net_name).to(device)
+    net = build_net(shape).to(device)
     opt = make_optimizer(net, OptimizerConfig())
     batch = type(batch)(*(t.to(device) for t in batch))
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp) if device.type == "cuda" else None

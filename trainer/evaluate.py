@@ -51,6 +51,7 @@ from typing import Any, Optional
 import numpy as np
 
 from engine.tools import match as m
+from trainer import usable_cores
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import LadderConfig, ladder_levels
 from trainer.gating import engine_spec
@@ -328,7 +329,7 @@ def rate_generation(run_dir: str, generation: int, cfg: LadderConfig, *, log: Ca
     """Play ``generation``'s ladder matches that are missing (:func:`choose_opponents`, chosen again
     after each match as the fit moves), append each line, rewrite ratings.json; the lines written."""
     generations = _generations(run_dir)
-    threads = max(1, _usable_cores() // cfg.concurrency)  # one engine of each pair thinks at a time
+    threads = max(1, usable_cores() // cfg.concurrency)  # one engine of each pair thinks at a time
     written = []
     while True:
         rows = [r for r in read_evaluations(run_dir) if r["nodes"] == cfg.nodes]
@@ -351,12 +352,6 @@ def rate_generation(run_dir: str, generation: int, cfg: LadderConfig, *, log: Ca
         mine = report["players"].get(f"gen{generation}")
         rating = "" if mine is None else f"; generation {generation} now Elo {mine['elo']:+.0f} [{mine['low']:+.0f}, {mine['high']:+.0f}]"
         log(f"evaluate: generation {generation} vs {opponent}: +{wdl[0]} ={wdl[1]} -{wdl[2]}{rating}")
-
-
-def _usable_cores() -> int:
-    from trainer import usable_cores
-
-    return usable_cores()
 
 
 def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, cfg: Optional[LadderConfig] = None,

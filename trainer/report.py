@@ -898,7 +898,13 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
                             yerr=[g["elo_error"] or 0.0 for g in chosen_gates], capsize=3, linestyle="none",
                             **style)
         _integer_x(ax)
-        _elo_axes(fig, ax, "Elo against the best (± error)", f"{title}: gating")
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("generation")
+        ax.set_ylabel("Elo against the best (± error)")
+        ax.set_title(f"{title}: gating")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
         save(fig, "gating")
     if ratings:
         save(_elo_chart(plt, ratings, title), "elo")
@@ -1107,17 +1113,6 @@ def _elo_chart(plt, ratings: dict, title: str):
     fig.suptitle(f"{title}: the strength ladder at {_opt(ratings['nodes'])} nodes a move")
     fig.tight_layout()
     return fig
-
-
-def _elo_axes(fig, ax, ylabel: str, title: str) -> None:
-    """The finish both Elo-per-generation charts share: the zero line, labels, grid, legend."""
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("generation")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
 
 
 __all__ = ["run_status", "format_status", "describe_selfplay", "describe_next_generation", "plot_run", "check_run_dir", "read_manifest", "process_runs", "pid_alive",
