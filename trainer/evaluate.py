@@ -61,7 +61,7 @@ from trainer.report import (  # noqa: F401 - read_evaluations, read_ratings: one
 )
 
 __all__ = ["EVALUATION_FILE", "RATINGS_FILE", "ANCHOR", "evaluate_run", "fit_ratings", "generations_to_evaluate",
-           "random_mover_spec", "read_evaluations", "read_ratings"]
+           "random_mover_spec", "read_evaluations", "read_ratings", "exported_generations"]
 
 LOCK_FILE = "evaluation.lock"
 ANCHOR = "random"          # the player fixed at Elo 0
@@ -92,7 +92,7 @@ def _number(value: Any) -> Optional[float]:
     return value + 0.0  # a float, never -0.0
 
 
-def _generations(run_dir: str) -> dict[int, dict]:
+def exported_generations(run_dir: str) -> dict[int, dict]:
     """Every exported generation whose network file is still there (retention may remove old ones):
     generation -> its generations.jsonl record (the last one written for it)."""
     found: dict[int, dict] = {}
@@ -109,7 +109,7 @@ def generations_to_evaluate(run_dir: str | os.PathLike, every: int = 1) -> list[
     if every < 1:
         raise ValueError(f"--every must be 1 or more, got {every}")
     run_dir = os.fspath(run_dir)
-    found = _generations(run_dir)
+    found = exported_generations(run_dir)
     if not found:
         return []
     newest = max(found)
@@ -203,7 +203,7 @@ def write_ratings(run_dir: str, nodes: int, log: Callable[[str], Any] = lambda l
     """Fit every match at ``nodes`` and write ``RUN/ratings.json`` (see the module); returns it."""
     rows = [r for r in read_evaluations(run_dir) if r["nodes"] == nodes]
     fitted = fit_ratings(rows)
-    generations = _generations(run_dir)
+    generations = exported_generations(run_dir)
     start = _number(generations.get(0, {}).get("time"))
     before = _selfplay_games_before(run_dir)
     curve = []
@@ -328,7 +328,7 @@ def rate_generation(run_dir: str, generation: int, cfg: LadderConfig, *, log: Ca
                     stop: Optional[threading.Event] = None) -> list[dict]:
     """Play ``generation``'s ladder matches that are missing (:func:`choose_opponents`, chosen again
     after each match as the fit moves), append each line, rewrite ratings.json; the lines written."""
-    generations = _generations(run_dir)
+    generations = exported_generations(run_dir)
     threads = max(1, usable_cores() // cfg.concurrency)  # one engine of each pair thinks at a time
     written = []
     while True:
@@ -393,7 +393,7 @@ def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, cfg: Optional[La
             return written
         done: set[int] = set()
         while not stop.is_set():
-            generations = _generations(run_dir)
+            generations = exported_generations(run_dir)
             rated = {r["generation"] for r in read_evaluations(run_dir) if r["nodes"] == cfg.nodes}
             pending = sorted(set(generations) - rated - done)
             if not pending:

@@ -1,0 +1,83 @@
+"""What a training run learned: its ladder's Elo an hour, and its last generation's decisive matches.
+
+Issue 54's demonstration (docs/first-hour.md): after `make train` has run for hours, this plays the
+newest generation of RUN against generation 0 and against the random mover at fixed nodes from the
+bundled openings, each opening with both colours (`cyzero match`, engine.tools.match), and reads the
+ladder (RUN/ratings.json) for the Elo at each hour and its slope. It also measures the newest
+network's nodes/s on this machine (`cyzero bench search`), which every figure is to be read beside.
+
+    python docs/recipes/run-report.py RUN [--games 200] [--nodes 64] [--concurrency 1]
+
+Prints the two match results (W/D/L, score, Elo with its 95% interval), the Elo an hour (a least-squares
+line through the ladder's generations against the hours since generation 0) and the nodes/s.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from engine.tools import match as m  # noqa: E402
+from trainer.evaluate import exported_generations, random_mover_spec  # noqa: E402
+from trainer.gating import engine_spec  # noqa: E402
+from trainer.report import read_ratings  # noqa: E402
+
+
+def play(engine: m.EngineSpec, opponent: m.EngineSpec, games: int, nodes: int, concurrency: int, seed: int) -> dict:
+    config = m.MatchConfig(engine1=engine, engine2=opponent, games=games, time_control=m.TimeControl(nodes=nodes),
+                           concurrency=concurrency, openings=m.load_openings(), openings_source=str(m.OPENINGS_PATH),
+                           seed=seed, event="run-report")
+    result = m.run_match(config, lambda line: print(line, file=sys.stderr, flush=True))
+    scores = [g.engine1_score() for g in result.games]
+    w, d, l = scores.count(1.0), scores.count(0.5), scores.count(0.0)
+    stats = m.score_stats(w, l, d)
+    return {"wins": w, "draws": d, "losses": l, "score": stats.score, "elo": stats.elo, "elo_low": stats.elo_low,
+            "elo_high": stats.elo_high}
+
+
+def elo_an_hour(ratings: dict) -> float | None:
+    points = [(g["hours"], g["elo"]) for g in ratings["generations"] if g["hours"] is not None]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--games", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=54)
+    args = parser.parse_args()
+    run = str(args.run.resolve())
+    generations = exported_generations(run)
+    newest = max(generations)
+    path = lambda g: os.path.join(run, generations[g]["onnx"])  # noqa: E731
+    threads = max(1, (os.cpu_count() or 1) // args.concurrency)
+    report = {"run": run, "newest": newest, "nodes": args.nodes, "games": args.games}
+    report["vs_gen0"] = play(engine_spec(path(newest), threads, f"gen{newest}"), engine_spec(path(0), threads, "gen0"),
+                             args.games, args.nodes, args.concurrency, args.seed)
+    report["vs_random"] = play(engine_spec(path(newest), threads, f"gen{newest}"), random_mover_spec(args.seed),
+                               args.games, args.nodes, args.concurrency, args.seed + 1)
+    ratings = read_ratings(run)
+    if ratings:
+        report["elo_an_hour"] = elo_an_hour(ratings)
+        report["ladder"] = [(g["generation"], round(g["hours"] or 0.0, 2), round(g["elo"])) for g in ratings["generations"]]
+    cyzero = str(Path(sys.executable).with_name("cyzero"))
+    bench = subprocess.run([cyzero, "bench", "search", "--net", path(newest), "--threads", "1", "--seconds", "3"],
+                           cwd=REPO, capture_output=True, text=True)
+    report["bench_search"] = bench.stdout.strip().splitlines()[-3:]
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
