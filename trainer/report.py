@@ -842,7 +842,7 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
         ratings = None
     if not rows and not chunks and not gates and not ratings:
         raise ValueError(f"{run_dir} has nothing to plot yet: no line in {METRICS_FILE} (the learner writes one "
-                         f"every log.interval steps), no data in the replay store, no gating or evaluation result")
+                         f"every log.interval steps), no data in the replay store, no gating result, no ladder rating")
     import matplotlib
 
     matplotlib.use("Agg")
