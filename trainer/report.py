@@ -809,7 +809,7 @@ _CHARTS = (
     ("grad_norm", "gradient norm", (("gradient norm (before clipping)", "L2 norm", (("grad_norm", "grad norm"),)),)),
     ("throughput", "throughput, window and generation", (
         ("positions a second: trained, and what the replay loader could deliver",
-         "per second of training (waits for new games not counted)",
+         "samples/s (waits for games left out)",
          (("samples_per_s", "learner"), ("loader_samples_per_s", "replay loader"))),
         ("time the learner waited for the replay loader", "share of training time",
          (("loader_wait_share", "waiting for batches"),)),
@@ -982,7 +982,9 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
             if len(lines) == 2 else None
         if found is not None:  # what over-fitting looks like, said where it shows
             ax.axvline(found, color="tab:red", linestyle=":", linewidth=1.2)
-            panel_title += f": over-fitting from step {found:,.0f} (validation up, training down)"
+            panel_title += f": over-fitting from step {found:,.0f}"
+            ax.annotate("validation up, training down", (found, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(4, -12), textcoords="offset points", fontsize=8, color="tab:red")
         ax.set_title(panel_title, fontsize=10, **({"color": "tab:red"} if found is not None else {}))
         ax.set_ylabel(ylabel)
         _style_y(ax, values, integer=ylabel == "generation")
@@ -1007,14 +1009,16 @@ OVERFIT_RISE = 0.10  # validation this far (a share) above its lowest, while tra
 
 
 def overfitting(training: list | None, validation: list | None) -> float | None:
-    """The step from which a loss over-fits, or None: the held-out loss has risen at least
-    :data:`OVERFIT_RISE` above its lowest point (that point's step is returned) while the training
-    loss at the last log line is below where it was then. Both are (step, loss) series."""
-    if not training or not validation or len(validation) < 3:
+    """The step from which a loss over-fits, or None: the held-out loss at each of the last two log
+    lines is at least :data:`OVERFIT_RISE` above its lowest point before them (that point's step is
+    returned), while the training loss at the last line is below where it was then. Two lines, not
+    one: a young run's held-out sample is drawn again as it grows, and one line jumps with it. Both
+    are (step, loss) series."""
+    if not training or not validation or len(validation) < 4:
         return None
-    best_step, best = min(validation, key=lambda point: point[1])
-    last_step, last = validation[-1]
-    if last_step <= best_step or best <= 0 or last < best * (1 + OVERFIT_RISE):
+    best_step, best = min(validation[:-2], key=lambda point: point[1])
+    last_step = validation[-1][0]
+    if best <= 0 or any(loss < best * (1 + OVERFIT_RISE) for _, loss in validation[-2:]):
         return None
     before = [loss for step, loss in training if step <= best_step]
     after = [loss for step, loss in training if step >= last_step - 1e-9]
