@@ -1,7 +1,7 @@
 """The learner beside self-play: its samples/s under the daemon for each way of sharing the cores.
 
-Issue 54's table (docs/training.md, "The daemon", its paragraph on the cores). Each setting is a fresh run of `cyzero-train run`
-with a config (default the bundled `cpu`) on a copy of a replay store big enough that the sampling
+Issue 54's table (docs/training.md, "The daemon", its paragraph on the cores). Each setting is a
+fresh run of `cyzero-train run` with a config (default the bundled `cpu`) on a copy of a replay store big enough that the sampling
 cap never binds (STORE: a run folder with a replay/ of some hundred thousand positions, e.g. one made
 by `cyzero-train bootstrap`), stopped after SECONDS; the learner's figure is the median samples/s of
 its metrics.jsonl lines after the first, self-play's the worker's last positions/s lines. The
