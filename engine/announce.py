@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Iterable, Optional
@@ -78,6 +79,26 @@ MAX_ENDPOINT_CHARS = 512
 MAX_REASON_CHARS = 1000
 
 _logger = logging.getLogger(__name__)
+
+
+_WILDCARD = re.compile(r"tcp://(\*|0\.0\.0\.0|\[::\]):([0-9]+|\*)")
+
+
+def is_wildcard(endpoint: str) -> bool:
+    """Whether ``endpoint`` is a bound wildcard (``*``, ``0.0.0.0``, ``[::]``): not a host to dial."""
+    return _WILDCARD.fullmatch(endpoint.strip()) is not None
+
+
+def rehost(endpoint: str, host: str, ipv6_host: Optional[str] = None) -> str:
+    """``endpoint`` with ``host`` in place of a wildcard host (``ipv6_host`` for ``[::]`` when given);
+    any other endpoint as it is. The one place a wildcard is rewritten: announced as ``*``, dialled by a
+    local child, shown to a remote machine, or filled in by the peer that dialled this host."""
+    match = _WILDCARD.fullmatch(endpoint.strip())
+    if match is None:
+        return endpoint
+    chosen = ipv6_host if ipv6_host is not None and match.group(1) == "[::]" else host
+    return f"tcp://{chosen}:{match.group(2)}"
+
 
 
 class AnnouncementError(ValueError):
@@ -451,7 +472,7 @@ class Announcer:
                 self._router.bind(fetch_endpoint)
                 bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
                 # A wildcard bind is announced as "*": followers put in the host they subscribed to.
-                self.fetch_endpoint = bound.replace("//0.0.0.0:", "//*:").replace("//[::]:", "//*:")
+                self.fetch_endpoint = rehost(bound, "*")
         except BaseException:
             self._close_sockets()
             raise

@@ -43,6 +43,8 @@ from engine.announce import (
     decode_fetch_reply,
     decode_network_announcement,
     encode_fetch_request,
+    is_wildcard,
+    rehost,
 )
 from engine.files import atomic_open, file_signature, sha256_file, sha256_path
 from engine.network import NetworkError
@@ -218,17 +220,15 @@ def validate_endpoint(endpoint: str, what: str = "TrainerEndpoint") -> str:
     return f"{scheme}://{rest}"
 
 
-def fetch_endpoint(announced: str, subscribed: str) -> str:
-    """Where to fetch from: the announced endpoint, with a ``*`` host replaced by the daemon's host
-    as the follower knows it (the host of ``subscribed``, its ``TrainerEndpoint``)."""
-    scheme, _, rest = announced.partition("://")
-    if scheme.lower() == "tcp" and rest.startswith("*:"):
-        match = _TCP_CONNECT.match(subscribed.partition("://")[2]) if subscribed.startswith("tcp://") else None
+def peer_endpoint(announced: str, dialled: str, what: str, via: str) -> str:
+    """Where to dial an endpoint a peer announced: ``announced``, a wildcard host in it replaced by the
+    peer's host as this side knows it (the host of ``dialled``, where it reached the peer: ``via``)."""
+    if is_wildcard(announced):
+        match = _TCP_CONNECT.match(dialled.partition("://")[2]) if dialled.startswith("tcp://") else None
         if match is None:
-            raise WeightsError(f"the announced fetch endpoint {announced} needs a tcp:// TrainerEndpoint")
-        host = f"[{match.group('ipv6')}]" if match.group("ipv6") else match.group("host")
-        announced = f"tcp://{host}:{rest[2:]}"
-    return validate_endpoint(announced, "fetch endpoint")
+            raise WeightsError(f"the announced {what} {announced} needs a tcp:// {via}")
+        announced = rehost(announced, f"[{match.group('ipv6')}]" if match.group("ipv6") else match.group("host"))
+    return validate_endpoint(announced, what)
 
 
 def default_cache_dir() -> str:
@@ -431,7 +431,7 @@ class TrainerFollower(_Watcher):
     def _fetch(self, a: NetworkAnnouncement, announced: str, target: str, stop: threading.Event) -> None:
         zmq = self._zmq
         try:
-            endpoint = fetch_endpoint(announced, self.endpoint)
+            endpoint = peer_endpoint(announced, self.endpoint, "fetch endpoint", "TrainerEndpoint")
         except WeightsError as e:
             raise NetworkError(f"cannot read {a.path} here, and cannot fetch it: {e}") from None
         where = f"the daemon at {endpoint}"

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.watchers import RateLimit, fetch_endpoint, validate_endpoint
+from engine.announce import is_wildcard, rehost
+from engine.watchers import RateLimit, peer_endpoint, validate_endpoint
 from engine.weights import WeightsError
 from weights_helpers import FAST, WAIT, A, B, C, CountingLoader, FakeNet, Log, make_manager, replace_atomically, sha
 
@@ -174,15 +175,30 @@ def test_validate_endpoint():
             validate_endpoint(bad)
 
 
-def test_fetch_endpoint_puts_in_the_daemons_host():
-    assert fetch_endpoint("tcp://*:5558", "tcp://10.0.0.5:5557") == "tcp://10.0.0.5:5558"
-    assert fetch_endpoint("tcp://*:5558", "tcp://[::1]:5557") == "tcp://[::1]:5558"
-    assert fetch_endpoint("tcp://gpu-box:5558", "tcp://10.0.0.5:5557") == "tcp://gpu-box:5558"
-    assert fetch_endpoint("ipc:///run/fetch", "tcp://10.0.0.5:5557") == "ipc:///run/fetch"
+def test_an_announced_wildcard_is_dialled_at_the_host_the_peer_was_reached_at():
+    def fetch(announced, subscribed):
+        return peer_endpoint(announced, subscribed, "fetch endpoint", "TrainerEndpoint")
+
+    assert fetch("tcp://*:5558", "tcp://10.0.0.5:5557") == "tcp://10.0.0.5:5558"
+    assert fetch("tcp://0.0.0.0:5558", "tcp://gpu-box:5557") == "tcp://gpu-box:5558"
+    assert fetch("tcp://[::]:5558", "tcp://[::1]:5557") == "tcp://[::1]:5558"
+    assert fetch("tcp://gpu-box:5558", "tcp://10.0.0.5:5557") == "tcp://gpu-box:5558"
+    assert fetch("ipc:///run/fetch", "tcp://10.0.0.5:5557") == "ipc:///run/fetch"
     with pytest.raises(WeightsError, match="needs a tcp:// TrainerEndpoint"):
-        fetch_endpoint("tcp://*:5558", "ipc:///run/announce")
+        fetch("tcp://*:5558", "ipc:///run/announce")
     with pytest.raises(WeightsError, match="bad fetch endpoint"):
-        fetch_endpoint("tcp://*:99999", "tcp://10.0.0.5:5557")
+        fetch("tcp://*:99999", "tcp://10.0.0.5:5557")
+
+
+def test_rehost_rewrites_only_a_wildcard_host():
+    assert rehost("tcp://0.0.0.0:5780", "*") == "tcp://*:5780"
+    assert rehost("tcp://[::]:5780", "*") == "tcp://*:5780"
+    assert rehost("tcp://0.0.0.0:5780", "127.0.0.1", "[::1]") == "tcp://127.0.0.1:5780"
+    assert rehost("tcp://[::]:5780", "127.0.0.1", "[::1]") == "tcp://[::1]:5780"
+    assert rehost("tcp://*:5780", "10.0.0.5") == "tcp://10.0.0.5:5780"
+    for kept in ("tcp://10.0.0.5:5780", "tcp://gpu-box:5780", "ipc:///run/x", "tcp://[::1]:5780"):
+        assert rehost(kept, "*") == kept
+        assert not is_wildcard(kept)
 
 
 def test_rate_limit_summarises_what_it_dropped():

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import zmq
 
+from engine.announce import rehost
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import (
@@ -135,11 +136,6 @@ def check_bind(endpoints: Sequence[str], keys: str) -> None:
                              "daemon.keys")
 
 
-def _wildcard(endpoint: str) -> str:
-    """A bound wildcard endpoint as announced: host ``*`` (the peer puts in the host it connected to)."""
-    return endpoint.replace("//0.0.0.0:", "//*:").replace("//[::]:", "//*:")
-
-
 def machine_addresses() -> list[str]:
     """This machine's addresses another machine may reach it at (not loopback), best first: the
     one the default route leaves from, the host name's own, then the host name itself."""
@@ -175,11 +171,6 @@ def _interface_addresses() -> list[str]:
             continue  # no IPv4 address on it
         found.append(socket.inet_ntoa(packed[20:24]))
     return found
-
-
-def _local(endpoint: str) -> str:
-    """Where a local child connects to a bound endpoint (a wildcard means this host: loopback)."""
-    return endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
 
 
 def run_name(run_dir: str) -> str:
@@ -723,7 +714,7 @@ class Daemon:
         if self._learner is not None:
             self._learner.cores = learner_cores
         cpu_workers = sum(self.workers_per_device for device in self.devices if device == "cpu")
-        connect = _local(self.endpoint)
+        connect = rehost(self.endpoint, "127.0.0.1", "[::1]")  # a wildcard bind is this host
         client_keys = os.path.join(self.keys_dir, "clients", "local") if self.keys_dir else None
         for device in self.devices:
             cpu = device == "cpu"
@@ -896,7 +887,7 @@ class Daemon:
         with self._lock:
             current = self._current
         selfplay = dataclasses.asdict(self.config.selfplay)
-        publish = _wildcard(self.publish)
+        publish = rehost(self.publish, "*")  # the peer puts in the host it dialled
         if current is None:
             return wire.Registered(self.name, publish=publish, selfplay=selfplay, openings=self._openings)
         return wire.Registered(self.name, current["generation"], os.path.join(self.run_dir, current["onnx"]),

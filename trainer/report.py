@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from engine.announce import is_wildcard, rehost
 from trainer.atomic import atomic_open, json_objects
 from trainer.config import (
     CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
@@ -435,12 +436,11 @@ def _worker(record: dict) -> dict:
 
 
 def reachable(endpoint: str, addresses: Sequence[str]) -> list[str]:
-    """A bound endpoint as a remote machine dials it: a wildcard host (``*``, ``0.0.0.0``, ``[::]``)
-    becomes each of ``addresses`` (``trainer.daemon.machine_addresses``); any other endpoint is itself."""
-    match = re.fullmatch(r"tcp://(\*|0\.0\.0\.0|\[::\]):([0-9]+)", endpoint.strip())
-    if match is None or not addresses:
+    """A bound endpoint as a remote machine dials it: a wildcard host becomes each of ``addresses``
+    (``trainer.daemon.machine_addresses``); any other endpoint is itself."""
+    if not is_wildcard(endpoint) or not addresses:
         return [endpoint]
-    return [f"tcp://{address}:{match.group(2)}" for address in addresses]
+    return [rehost(endpoint, address) for address in addresses]
 
 
 def _daemon_status(run_dir: str) -> dict:

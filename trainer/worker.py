@@ -47,7 +47,7 @@ from engine.announce import load_client_keys
 from engine.book import Tablebases
 from engine.network_manager import NetworkManager
 from engine.swap import Proposal
-from engine.watchers import RateLimit, validate_endpoint
+from engine.watchers import RateLimit, peer_endpoint, validate_endpoint
 from trainer import wire
 from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config, worker_max_batch
 
@@ -94,18 +94,6 @@ def default_name() -> str:
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _public_endpoint(publish: str, connect: str) -> str:
-    """``publish`` with a wildcard host (``*``, ``0.0.0.0``, ``[::]``) replaced by the host of ``connect``."""
-    scheme, _, rest = publish.partition("://")
-    host, _, port = rest.rpartition(":")
-    if scheme.lower() == "tcp" and host in ("*", "0.0.0.0", "[::]"):
-        c_scheme, _, c_rest = connect.partition("://")
-        if c_scheme.lower() != "tcp":
-            raise ValueError(f"the daemon publishes on {publish}, which needs a tcp:// --connect")
-        publish = f"tcp://{c_rest.rpartition(':')[0]}:{port}"
-    return validate_endpoint(publish, "the daemon's publish endpoint")
 
 
 def _check_bounds(max_games: Any, max_bytes: Any) -> None:
@@ -528,7 +516,7 @@ class Worker:
                                  zmq_context=self._context)
         if registered.publish:
             try:
-                manager.set_endpoint(_public_endpoint(registered.publish, self.connect))
+                manager.set_endpoint(peer_endpoint(registered.publish, self.connect, "publish endpoint", "--connect"))
             except ValueError as e:
                 self.say(f"cannot follow new generations: {e}")
         return manager

@@ -1,13 +1,15 @@
 """The learner beside self-play: its samples/s under the daemon for each way of sharing the cores.
 
 Issue 54's table (docs/training.md, "The daemon", its paragraph on the cores). Each setting is a
-fresh run of `cyzero-train run` with a config (default the bundled `cpu`) on a copy of a replay store big enough that the sampling
-cap never binds (STORE: a run folder with a replay/ of some hundred thousand positions, e.g. one made
-by `cyzero-train bootstrap`), stopped after SECONDS; the learner's figure is the median samples/s of
-its metrics.jsonl lines after the first, self-play's the worker's last positions/s lines. The
-baseline is `cyzero-train bench train --run` on the same store (the learner alone, its own threads).
+fresh run of `cyzero-train run` with a config (default the bundled `cpu`) on a copy of a replay
+store big enough that the sampling cap never binds (STORE: a run folder with a replay/ of some
+hundred thousand positions, e.g. one made by `cyzero-train bootstrap`), stopped after SECONDS. The
+learner's figure is the median samples/s of its metrics.jsonl lines after the first, self-play's
+the worker's last positions/s lines. The baseline is `cyzero-train bench train --run` on the same
+store (the learner alone, its own threads).
 
-    python docs/recipes/learner-share.py STORE [--seconds 200] [--config cpu] [--out /tmp/learner-share]
+    python docs/recipes/learner-share.py STORE [--seconds 200] [--config cpu] \
+        [--out /tmp/learner-share]
 
 Run it on a quiet machine: every setting takes both cores, and anything else running moves them.
 """
