@@ -87,6 +87,8 @@ def test_the_transformer_configs_are_their_towers_runs_with_an_attention_body():
     gpu, gpu_bt = load_named_config("gpu"), load_named_config("gpu-bt")
     assert dataclasses.replace(gpu_bt, model=gpu.model, optimizer=gpu.optimizer) == gpu
     assert net_config(gpu_bt).name == "bt-256x10x8h" and gpu_bt.optimizer.lr < gpu.optimizer.lr
+    assert net_config(gpu_bt).input_format == 4 and net_config(gpu).input_format == 1   # Leela's transformers'
+    assert gpu_bt.model.input_format == 4
     teacher, teacher_bt = load_named_config("teacher-6x64"), load_named_config("teacher-bt-64x6x4h")
     assert dataclasses.replace(teacher_bt, model=teacher.model, optimizer=teacher.optimizer) == teacher
     assert net_config(teacher_bt).body == "attention"
