@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.encoding import encode_board, legal_mask, move_to_index
+from engine.encoding import encode_board, index_to_move, legal_mask, move_to_index
 from trainer import bootstrap
 from trainer.bootstrap import TeacherError, bootstrap_pgn, bootstrap_teacher
+from trainer.config import CONFIG_FILE
 from trainer.records import ADJUDICATED_BIT, MAX_LENGTH_BIT, decode_records, read_chunk
 
 STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
@@ -36,14 +37,14 @@ def _store(run):
     return ReplayStore(run)
 
 
-def _chunks(run, source):
+def _chunks(run, source, input_format=1):
     """[(entry, records)] of the run's chunks from ``source``, in manifest order."""
-    return [(e, read_chunk(os.path.join(run, "replay", "chunks", e.name)))
+    return [(e, read_chunk(os.path.join(run, "replay", "chunks", e.name), input_format))
             for e in _store(run).entries() if e.source == source]
 
 
-def _records(run, source):
-    chunks = _chunks(run, source)
+def _records(run, source, input_format=1):
+    chunks = _chunks(run, source, input_format)
     return np.concatenate([r for _, r in chunks]) if chunks else np.zeros(0)
 
 
@@ -119,6 +120,22 @@ def test_teacher_games_are_labelled_and_a_rerun_adds_only_the_difference(tmp_pat
     np.testing.assert_array_equal(_records(run, "teacher")[:40], records)   # nothing rewritten
     third = bootstrap_teacher(run, positions=50, seed=1, **kw)
     assert (third.added, third.positions) == (0, 60)
+
+
+@needs_stockfish
+def test_teacher_labels_are_written_in_the_input_format_asked_for(tmp_path):
+    """The teacher's workers write the network's format: each record decodes to the engine's planes of
+    that format for the position its game reached (replayed from the played moves)."""
+    run = str(tmp_path / "run")
+    bootstrap_teacher(run, teacher=[STOCKFISH], workers=1, depth=2, max_plies=30, opening_plies=4,
+                      positions=30, seed=2, progress=False, input_format=4)
+    records = _records(run, "teacher", 4)
+    assert len(records) == 30 and np.all(records["input_format"] == 4)
+    for game in _split_games(records):
+        board, sample = Board(), decode_records(game, input_format=4)
+        for i, record in enumerate(game):
+            np.testing.assert_array_equal(sample.planes[i], encode_board(board, input_format=4))
+            board.push_uci(index_to_move(board, int(record["played_idx"]), 4))
 
 
 @needs_stockfish
@@ -321,24 +338,24 @@ EXPECTED = [  # (start FEN, moves, white's result)
 ]
 
 
-def _check_pgn_records(records):
+def _check_pgn_records(records, input_format=1):
     games = _split_games(records)
     assert len(games) == len(EXPECTED)
     for game, (fen, moves, white_result) in zip(games, EXPECTED):
         assert len(game) == len(moves)
         board = Board(fen)
-        sample = decode_records(game)
+        sample = decode_records(game, input_format=input_format)
         for i, move in enumerate(moves):
-            np.testing.assert_array_equal(sample.planes[i], encode_board(board))
-            expected_policy = np.where(legal_mask(board), 0.0, -1.0).astype(np.float32)
-            expected_policy[move_to_index(board, move)] = 1.0
+            np.testing.assert_array_equal(sample.planes[i], encode_board(board, input_format=input_format))
+            expected_policy = np.where(legal_mask(board, input_format), 0.0, -1.0).astype(np.float32)
+            expected_policy[move_to_index(board, move, input_format)] = 1.0
             np.testing.assert_array_equal(sample.policy[i], expected_policy)
             q = white_result if board.turn else -white_result
             draw = 1.0 if white_result == 0.0 else 0.0
             np.testing.assert_allclose(sample.wdl[i], [(1 - draw + q) / 2, draw, (1 - draw - q) / 2])
             assert sample.plies_left[i] == len(moves) - i
             assert game["played_q"][i] == game["best_q"][i] == q        # the mover's view, like result_q
-            assert game["played_idx"][i] == game["best_idx"][i] == move_to_index(board, move)
+            assert game["played_idx"][i] == game["best_idx"][i] == move_to_index(board, move, input_format)
             board.push_uci(move)
 
 
@@ -355,6 +372,21 @@ def test_pgn_games_become_exactly_the_expected_samples_once(tmp_path, caplog):
     again = bootstrap_pgn(run, [pgn], progress=False)
     assert (again.games, again.positions, again.files_already_done) == (0, 0, 1)
     assert len(_records(run, "pgn")) == 13
+
+
+def test_pgn_games_are_written_in_the_input_format_of_the_runs_network(tmp_path):
+    """A run whose config names a canonical-format network gets its records in that format (the
+    learner reads nothing else); ``input_format`` overrides it."""
+    pgn = tmp_path / "games.pgn"
+    pgn.write_text(PGN)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CONFIG_FILE).write_text('[model]\nnet = "bt-16x1x2h"\ninput_format = 132\n')
+    assert bootstrap_pgn(str(run), [pgn], progress=False).positions == 13
+    _check_pgn_records(_records(str(run), "pgn", 132), 132)
+    other = str(tmp_path / "other")
+    assert bootstrap_pgn(other, [pgn], progress=False, input_format=3).positions == 13
+    _check_pgn_records(_records(other, "pgn", 3), 3)
 
 
 def test_pgn_import_resumes_without_duplicates_after_a_kill_between_commit_and_state(

@@ -235,6 +235,24 @@ def test_register_games_acked_after_they_are_durable_and_duplicates_dropped(run_
     assert sorted(stored_ids(run_dir)) == sorted([first.game_id, older.game_id, newer.game_id])
 
 
+def test_a_game_in_another_input_format_than_the_runs_network_is_refused_and_the_rest_stored(run_dir):
+    """A run's store holds its network's format (the learner reads nothing else): a game written for
+    another is refused with the reason (the worker drops it), said in the log, and stores nothing."""
+    foreign = game(0)
+    foreign.records["input_format"] = 3
+    ours = game(0)
+    with Running(run_dir, config()) as running, Client(running.info["endpoint"]) as client:
+        client.register()
+        client.send(foreign)
+        refused = client.expect(wire.Refused)
+        assert refused.game_id == foreign.game_id
+        assert "input format 3" in refused.reason and "reads format 1" in refused.reason
+        client.send(ours)
+        assert client.expect(wire.Ack).game_ids == (ours.game_id,)
+    assert stored_ids(run_dir) == [ours.game_id]
+    assert any(f"refused game {foreign.game_id}" in line for line in running.lines), running.lines
+
+
 def test_the_memory_of_stored_game_ids_is_bounded_and_a_recent_resend_still_dropped(run_dir):
     """The duplicate check remembers only the newest ``recent_game_ids`` stored ids, also after a
     restart (read back from the manifest, newest last); a resend of a recent game is acknowledged

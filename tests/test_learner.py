@@ -290,13 +290,13 @@ def random_game(rng: random.Random) -> np.ndarray:
 
 
 def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0,
-             positions: int = 0):
+             positions: int = 0, input_format: int = 1):
     """A run folder with RUN/config.toml and a store of at least 2 validation and 4 training chunks
     and ``positions`` in all (which chunks are held out depends on their names, so keep adding
     until both are there). The chunks' names, random in the store, are drawn from ``seed`` here:
     the same call makes the same split, so a test's held-out set does not change from run to run."""
     path = str(path)
-    store = ReplayStore(path)
+    store = ReplayStore(path, input_format)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         f.write(config)
     val_percent = load_config(os.path.join(path, CONFIG_FILE)).replay.val_percent
@@ -737,10 +737,10 @@ def test_bad_starts_are_one_line_errors(tmp_path):
 STOCKFISH = shutil.which("stockfish") or ("/usr/games/stockfish" if os.path.exists("/usr/games/stockfish") else None)
 
 
-def stockfish_games(n_positions: int, seed: int = 0) -> list[np.ndarray]:
+def stockfish_games(n_positions: int, seed: int = 0, input_format: int = 1) -> list[np.ndarray]:
     """Games of stockfish (depth 4, a third of the moves random), every position labelled as a
     teacher would: MultiPV 4 scores softmaxed at 100 cp as the policy, stockfish's WDL as the value,
-    the plies to the game's end as moves left. About 2 ms a position."""
+    the plies to the game's end as moves left; records in lc0's ``input_format``. About 2 ms a position."""
     import chess
     import chess.engine
 
@@ -761,7 +761,8 @@ def stockfish_games(n_positions: int, seed: int = 0) -> list[np.ndarray]:
                 win, draw, loss = wdl.wins / 1000, wdl.draws / 1000, wdl.losses / 1000
                 played = moves[0] if rng.random() > 0.3 else rng.choice(list(reference.legal_moves)).uci()
                 records.append(make_record(board, dict(zip(moves, weights)), result_q=win - loss, result_d=draw,
-                                           plies_left=40.0, played=played, root=Eval(win - loss, draw, 40.0)))
+                                           plies_left=40.0, played=played, root=Eval(win - loss, draw, 40.0),
+                                           input_format=input_format))
                 reference.push_uci(played)
                 board.push_uci(played)
             game = np.array(records, dtype=RECORD_DTYPE)

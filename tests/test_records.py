@@ -10,17 +10,20 @@ import numpy as np
 import pytest
 
 from engine.board import Board
-from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, legal_mask, move_to_index
+from engine.encoding import (
+    INPUT_FORMATS, POLICY_INDEX, POLICY_SIZE, canonical_transform, encode_board, legal_mask, move_to_index,
+)
 from trainer.records import (
     RECORD_BYTES,
     RECORD_DTYPE,
     ChunkError,
     Eval,
+    check_records,
     decode_record,
     decode_records,
+    in_format,
     make_record,
     read_chunk,
-    to_classical,
     write_chunk,
 )
 
@@ -137,12 +140,11 @@ def _unpack_reference(bitboard):
     return out.reshape(8, 8)
 
 
-def _random_positions(count, seed=7):
+def _random_positions(count, seed=7, fens=(None,
+                                            "r3k2r/p1ppqpb1/bn2pnp1/3PN3/1p2P3/2N2Q1p/PPPBBPPP/R3K2R w KQkq - 0 1",
+                                            "rnbqkbnr/ppp1pppp/8/3pP3/8/8/PPPP1PPP/RNBQKBNR w KQkq d6 0 3",
+                                            "8/8/4k3/8/2R5/8/4K3/8 b - - 37 80")):
     rng = random.Random(seed)
-    fens = [None,
-            "r3k2r/p1ppqpb1/bn2pnp1/3PN3/1p2P3/2N2Q1p/PPPBBPPP/R3K2R w KQkq - 0 1",
-            "rnbqkbnr/ppp1pppp/8/3pP3/8/8/PPPP1PPP/RNBQKBNR w KQkq d6 0 3",
-            "8/8/4k3/8/2R5/8/4K3/8 b - - 37 80"]
     positions = []
     while len(positions) < count:
         board = Board(rng.choice(fens))
@@ -235,8 +237,8 @@ def test_reader_refuses_other_versions_and_formats():
     record = _record(Board(), {"e2e4": 1}, "e2e4")
     with pytest.raises(ValueError, match="version 5"):
         decode_records(_with(record, version=5))
-    with pytest.raises(ValueError, match="input format 3"):
-        decode_record(_with(record, input_format=3)[0].tobytes())
+    with pytest.raises(ValueError, match="input format 7"):
+        decode_record(_with(record, input_format=7)[0].tobytes())
     with pytest.raises(ValueError, match="8356 bytes"):
         decode_record(record.tobytes()[:-4])
 
@@ -321,7 +323,8 @@ def test_lc0_input_format_2_converts_to_format_1(tmp_path):
                 castling_them_ooo=0, castling_them_oo=0)
     assert [int(classical[f]) for f in ("castling_us_ooo", "castling_us_oo", "castling_them_ooo",
                                          "castling_them_oo", "side_to_move_or_enpassant")] == [1, 1, 0, 0, 1]
-    converted = to_classical(lc0)
+    assert _record(board, {"d7d6": 1}, "d7d6", input_format=2).tobytes() == lc0.tobytes()   # as lc0 writes it
+    converted = in_format(lc0)
     assert converted.tobytes() == np.array([classical], dtype=RECORD_DTYPE).tobytes()
     assert lc0["input_format"][0] == 2   # the input is left alone
     ours, theirs = decode_record(classical), decode_records(lc0)
@@ -334,15 +337,74 @@ def test_lc0_input_format_2_converts_to_format_1(tmp_path):
     assert back.tobytes() == np.array([classical, classical], dtype=RECORD_DTYPE).tobytes()
 
 
-def test_lc0_canonical_formats_are_refused_by_name(tmp_path):
-    record = _record(Board(), {"e2e4": 1}, "e2e4")
+def test_canonical_records_are_read_in_their_format_and_refused_in_another_by_name(tmp_path):
+    board = Board()
     for fmt, name in ((3, "INPUT_112_WITH_CANONICALIZATION"), (5, "INPUT_112_WITH_CANONICALIZATION_V2"),
                       (132, "INPUT_112_WITH_CANONICALIZATION_HECTOPLIES_ARMAGEDDON")):
+        record = _with(_record(board, {"e2e4": 1}, "e2e4", input_format=fmt))
+        assert in_format(record, fmt) is record
         with pytest.raises(ValueError, match=f"input format {fmt} \\({name}\\).*cannot be converted"):
-            to_classical(_with(record, input_format=fmt))
+            in_format(record)
+        with pytest.raises(ValueError, match=f"input format 1 .*cannot be converted to input format {fmt}"):
+            in_format(_record(board, {"e2e4": 1}, "e2e4")[None], fmt)
+    record = _record(board, {"e2e4": 1}, "e2e4", input_format=4)
     path = tmp_path / "canonical.gz"
-    path.write_bytes(gzip.compress(_with(record, input_format=4).tobytes()))
+    path.write_bytes(gzip.compress(record.tobytes()))
     with pytest.raises(ChunkError, match="canonical.gz.*input format 4 .*HECTOPLIES"):
         read_chunk(path)
+    assert read_chunk(path, 4).tobytes() == record.tobytes()
     with pytest.raises(ValueError, match="version 7"):
-        to_classical(_with(record, version=7))
+        in_format(_with(record, version=7))
+    mixed = np.array([record, _record(board, {"e2e4": 1}, "e2e4")], dtype=RECORD_DTYPE)
+    with pytest.raises(ValueError, match="record 1 has input format 1 .*the others input format 4"):
+        check_records(mixed)
+    with pytest.raises(ValueError, match="record 0 has input format 4 .*not input format 1"):
+        check_records(mixed, 1)
+
+
+def test_records_of_every_input_format_decode_to_what_the_engine_feeds_that_network():
+    """The differential test of the canonical records: for each of lc0's input formats, a record's
+    planes are the engine's encoder's for that format (flip, mirror, transpose, castling rooks, en
+    passant, hectoplies, armageddon) and its policy and move indices are in the transformed frame."""
+    pawnless = ("8/8/8/8/8/2k5/8/K6R w - - 30 60", "8/3k4/8/8/8/8/5K2/7Q b - - 99 120")   # transposed ones
+    boards, rng = _random_positions(80, seed=5) + _random_positions(40, 5, pawnless), random.Random(5)
+    transforms = set()
+    for board in boards:
+        moves = sorted(board.legal_moves())
+        for fmt in INPUT_FORMATS:
+            visits = {m: rng.random() + 0.01 for m in moves}
+            best = max(visits, key=visits.get)
+            record = _record(board, visits, moves[0], input_format=fmt)
+            sample = decode_records(record[None], input_format=fmt)
+            np.testing.assert_array_equal(sample.planes[0], encode_board(board, input_format=fmt),
+                                          err_msg=f"format {fmt}, {board.fen()}")
+            total = sum(visits.values())
+            for move, n in visits.items():
+                assert sample.policy[0, move_to_index(board, move, fmt)] == pytest.approx(n / total)
+            assert (sample.policy[0] >= 0).sum() == len(moves)
+            assert int(record["played_idx"]) == move_to_index(board, moves[0], fmt)
+            assert int(record["best_idx"]) == move_to_index(board, best, fmt)
+            if fmt >= 3:
+                transforms.add(canonical_transform(board, fmt))
+    assert transforms == set(range(8))   # every flip, mirror and transpose was exercised
+
+
+def test_canonical_record_fields_are_the_ones_lc0_writes():
+    """The fields by hand, as lc0's training-data writer fills them: castling bytes 1 << rook file,
+    the en passant file (after the flip) in place of the side to move, the transform and black to
+    move in invariance_info, the rule-50 count in plies whatever the format."""
+    board = Board("r3k2r/8/8/8/3pP3/8/8/R3K2R b KQkq e3 5 10")   # black to move, e3 en passant
+    for fmt in (3, 4, 132):
+        record = _record(board, {"d4e3": 1}, "d4e3", input_format=fmt)
+        assert [int(record[f]) for f in ("castling_us_ooo", "castling_us_oo", "castling_them_ooo",
+                                          "castling_them_oo")] == [1, 128, 1, 128]
+        assert int(record["side_to_move_or_enpassant"]) == 1 << 4    # the e-file; no transform with castling
+        assert int(record["invariance_info"]) == 1 << 7              # transform 0, black to move
+        assert int(record["rule50_count"]) == 5
+    white = Board("8/8/8/8/8/2k5/8/K6R w - - 30 60")   # our king on the a-file: flipped, and pawnless
+    transform = canonical_transform(white, 3)
+    assert transform & 1
+    record = _record(white, {"h1h8": 1}, "h1h8", input_format=4, adjudicated=True)
+    assert int(record["invariance_info"]) == transform | (1 << 5)   # white to move; the adjudicated bit kept
+    assert int(record["side_to_move_or_enpassant"]) == 0 and int(record["rule50_count"]) == 30
+    assert int(record["played_idx"]) == move_to_index(white, "h1h8", 4) != move_to_index(white, "h1h8")

@@ -508,7 +508,7 @@ def _lc0_bytes(records):
     return gzip.compress(records.tobytes())
 
 
-def test_import_lc0_chunks_converts_format_2_and_refuses_canonical_formats(tmp_path, caplog):
+def test_import_lc0_chunks_converts_format_2_and_takes_canonical_ones_into_a_canonical_store(tmp_path, caplog):
     classical = _game(np.arange(0, 5))
     classical["castling_us_oo"] = 1
     fmt2 = _game(np.arange(5, 12))
@@ -552,6 +552,13 @@ def test_import_lc0_chunks_converts_format_2_and_refuses_canonical_formats(tmp_p
     with pytest.raises(FileNotFoundError, match="nowhere"):
         import_lc0_chunks(store, [tmp_path / "nowhere"])
 
+    canonical = ReplayStore(tmp_path / "canonical", 3)   # a run whose network reads format 3 takes lc0's own
+    summary = import_lc0_chunks(canonical, [data], positions_per_chunk=10)
+    assert (summary.files, summary.positions) == (1, 3) and len(summary.skipped) == 3
+    assert all("cannot be converted to input format 3" in reason for reason in summary.skipped[:2])
+    (entry,) = canonical.entries()
+    assert read_chunk(canonical.chunks_dir / entry.name, 3).tobytes() == fmt3.tobytes()
+
 
 def test_loader_throughput_runs(tmp_path):
     store = ReplayStore(tmp_path)
@@ -586,7 +593,7 @@ def test_few_open_maps_and_transient_errors(tmp_path, monkeypatch):
     for file in os.listdir(store.cache_dir):
         os.unlink(store.cache_dir / file)
 
-    def emfile(path):
+    def emfile(path, input_format=1):
         raise OSError(errno.EMFILE, "Too many open files", str(path))
 
     monkeypatch.setattr(replay, "read_chunk", emfile)

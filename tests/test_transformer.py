@@ -25,6 +25,7 @@ from trainer.export import export_onnx, sample_positions
 from trainer.learner import evaluate, make_optimizer, net_config
 from trainer.lc0_export import check_lc0_file, lc0_file_bytes
 from trainer.model import Net, NetConfig, build_net, deepen, load_net, save_checkpoint_dict
+from trainer.records import read_chunk
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("one_thread")]
 
@@ -157,26 +158,30 @@ def test_export_writes_a_transformer_as_onnx_and_as_lc0_and_the_engine_plays_bot
 # --------------------------------------------------------------------------- the learner
 
 
-def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path):
+@pytest.mark.parametrize("input_format", [1, 4])
+def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path, input_format):
     """The same learner, losses and checkpoints: 50 steps lower the held-out loss, and the checkpoint
-    exports to lc0's format."""
-    stream = iter(stockfish_games(2000))
-    config = TINY.replace('net = "1x8"', 'net = "bt-32x2x2h"').replace("batch_size = 16", "batch_size = 32").replace(
+    exports to lc0's format. In lc0's classical planes, and in the canonical hectoplies format Leela's
+    transformers read (records written in it: flipped, mirrored, transposed, en passant files)."""
+    stream = iter(stockfish_games(2000, input_format=input_format))
+    config = TINY.replace('net = "1x8"', f'net = "bt-32x2x2h"\ninput_format = {input_format}').replace(
+        "batch_size = 16", "batch_size = 32").replace(
         "checkpoint_every = 4", "checkpoint_every = 50").replace("interval = 2", "interval = 25").replace(
         "validation_positions = 48", "validation_positions = 256").replace("warmup_steps = 2",
                                                                          "warmup_steps = 5\nlr = 0.002")
-    run = make_run(tmp_path / "run", config, game=lambda rng: next(stream), games_per_chunk=1, positions=1800)
+    run = make_run(tmp_path / "run", config, game=lambda rng: next(stream), games_per_chunk=1, positions=1800,
+                   input_format=input_format)
     code, lines = run_learn(run, steps=50)
     assert code == 0, lines
     cfg = load_config(os.path.join(run, CONFIG_FILE))
     from trainer.replay import ReplayStore, WindowConfig, validation_batch
 
-    held_out = validation_batch(ReplayStore(run), WindowConfig(floor=cfg.replay.floor,
-                                                               val_percent=cfg.replay.val_percent), 256)
+    held_out = validation_batch(ReplayStore(run, input_format),
+                                WindowConfig(floor=cfg.replay.floor, val_percent=cfg.replay.val_percent), 256)
     before = evaluate(build_net(net_config(cfg), seed=cfg.train.seed), held_out, LossConfig())
     checkpoint = torch.load(os.path.join(run, "checkpoints", "step-00000050.pt"), weights_only=True)
     trained = load_net(checkpoint)
-    assert trained.config.name == "bt-32x2x2h"
+    assert trained.config.name == "bt-32x2x2h" and trained.config.input_format == input_format
     after = evaluate(trained, held_out, LossConfig())
     assert after["policy_ce"] < before["policy_ce"] - 0.05, (before, after)
     assert after["total"] < before["total"] - 0.2, (before, after)
@@ -232,15 +237,16 @@ def test_a_run_starts_from_an_lc0_transformer_and_refuses_one_of_another_input_f
 
 @pytest.mark.timeout(300)
 def test_a_transformer_plays_learns_and_is_published_under_the_daemon(tmp_path):
-    """``cyzero-train run`` with an attention body: the worker plays its generations (ONNX exports of the
-    transformer), the learner trains it, and each new generation is published and played."""
+    """``cyzero-train run`` with an attention body in the canonical format Leela's transformers read: the
+    worker plays its generations (ONNX exports of the transformer) and writes its records in that format,
+    the learner trains on them, and each new generation is published and played."""
     from test_training_run import CONFIG, played_generations, published, start_daemon, stop_daemon, wait_for
 
     run = str(tmp_path / "run")
     os.makedirs(run)
     config = tmp_path / "bt.toml"
-    config.write_text(CONFIG.replace('net = "1x8"', 'net = "bt-16x1x2h"').replace('learner_devices = "cpu:2"',
-                                                                                 'learner_devices = "cpu:1"'))
+    config.write_text(CONFIG.replace('net = "1x8"', 'net = "bt-16x1x2h"\ninput_format = 4').replace(
+        'learner_devices = "cpu:2"', 'learner_devices = "cpu:1"'))
     log_path = str(tmp_path / "daemon.log")
     daemon = start_daemon(run, log_path, str(config))
     try:
@@ -251,7 +257,13 @@ def test_a_transformer_plays_learns_and_is_published_under_the_daemon(tmp_path):
         stop_daemon(daemon, log_path)
         newest = max(published(run))
         onnx = os.path.join(run, "networks", f"gen-{newest:05d}.onnx")
-        assert " bt-16x1x2h," in Network(onnx, backend="cpu").description
+        network = Network(onnx, backend="cpu")
+        assert " bt-16x1x2h," in network.description and network.input_format == 4
+        from trainer.replay import ReplayStore
+
+        store = ReplayStore(run, 4)
+        chunks = [e for e in store.entries() if e.source == "selfplay"]
+        assert chunks and all(int(read_chunk(store.chunks_dir / e.name, 4)["input_format"][0]) == 4 for e in chunks)
     finally:
         if daemon.poll() is None:
             daemon.kill()

@@ -39,8 +39,9 @@ from trainer.config import default_config, to_toml
 __all__: Sequence[str] = ["bench_train", "format_report", "synthetic_records"]
 
 
-def synthetic_records(n: int, seed: int = 0) -> np.ndarray:
-    """``n`` V6 records of positions from random games, with random visit shares on a few legal moves."""
+def synthetic_records(n: int, seed: int = 0, input_format: int = 1) -> np.ndarray:
+    """``n`` V6 records (lc0's ``input_format``) of positions from random games, with random visit
+    shares on a few legal moves."""
     from engine.board import Board
     from trainer.records import RECORD_DTYPE, Eval, make_record
 
@@ -57,17 +58,18 @@ def synthetic_records(n: int, seed: int = 0) -> np.ndarray:
             played = rng.choice(sorted(visits))
             q = rng.choice((-1.0, 0.0, 1.0))
             records.append(make_record(board, visits, result_q=q, result_d=1.0 - abs(q),
-                                       plies_left=float(length - ply), played=played, root=Eval(0.0, 0.5, 40.0)))
+                                       plies_left=float(length - ply), played=played, root=Eval(0.0, 0.5, 40.0),
+                                       input_format=input_format))
             board.push_uci(played)
     return np.array(records, dtype=RECORD_DTYPE)
 
 
-def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int) -> None:
+def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int, input_format: int) -> None:
     """A replay store of ``chunks`` chunks drawn (with repeats) from a few thousand distinct positions."""
     from trainer.replay import ReplayStore
 
-    base = synthetic_records(min(4000, chunks * chunk_positions), seed)
-    store = ReplayStore(folder)
+    base = synthetic_records(min(4000, chunks * chunk_positions), seed, input_format)
+    store = ReplayStore(folder, input_format)
     rng = np.random.default_rng(seed)
     for _ in range(chunks):
         store.append_games([base[rng.integers(0, len(base), chunk_positions)]], generation=0, source="bench")
@@ -273,13 +275,13 @@ def bench_train(
             stack.callback(_restore_env, "OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
         start = time.perf_counter()
         if run_dir is None:
-            _make_store(os.path.join(base, "store"), chunks, chunk_positions, seed)
+            _make_store(os.path.join(base, "store"), chunks, chunk_positions, seed, config.model.input_format)
             log(f"bench train: store of {chunks} x {chunk_positions} synthetic positions in "
                 f"{time.perf_counter() - start:.1f} s")
-            store = ReplayStore(os.path.join(base, "store"))
+            store = ReplayStore(os.path.join(base, "store"), config.model.input_format)
             window = WindowConfig(floor=10**9, val_percent=0.0)
         else:
-            store = ReplayStore(run_dir)
+            store = ReplayStore(run_dir, config.model.input_format)
             window = config.replay
 
         sampler = ReplaySampler(store, dataclasses.replace(window, max_samples_per_position=1e6), batch_size,

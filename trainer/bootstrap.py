@@ -134,8 +134,8 @@ import numpy as np
 from engine.board import Board
 from trainer import usable_cores
 from trainer.atomic import atomic_write_text
-from trainer.config import TEACHER_DEFAULTS
-from trainer.records import RECORD_DTYPE, Eval, make_record
+from trainer.config import TEACHER_DEFAULTS, load_effective_config
+from trainer.records import INPUT_FORMAT_CLASSICAL, RECORD_DTYPE, Eval, make_record
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -209,11 +209,17 @@ class PgnSummary:
 # shared plumbing
 
 
-def _open_store(run_dir: str | os.PathLike) -> Any:
+def _open_store(run_dir: str | os.PathLike, input_format: int) -> Any:
     # Imported here: trainer.replay imports torch, which the teacher's worker processes do not need.
     from trainer.replay import ReplayStore
 
-    return ReplayStore(run_dir)
+    return ReplayStore(run_dir, input_format)
+
+
+def run_input_format(run_dir: str | os.PathLike) -> int:
+    """The input format of the run's network, which its records are written in: its config's
+    ``model.input_format`` (RUN/config.effective.toml, else RUN/config.toml), else lc0's classical 1."""
+    return load_effective_config(run_dir).model.input_format
 
 
 def _source_positions(store: Any, source: str) -> int:
@@ -347,6 +353,7 @@ class _GameSettings:
     max_plies: int
     syzygy: str | None
     student: str | None = None      # an ONNX file that plays one side of each game
+    input_format: int = INPUT_FORMAT_CLASSICAL   # lc0's, the records' (the run's network's)
 
 
 class _Student:
@@ -433,11 +440,12 @@ def _play_game(teacher: _Teacher, settings: _GameSettings, rng: np.random.Genera
         board.push_uci(move)
         if replay is not None:
             replay.push_uci(move)
-    return _Game(_teacher_records(labels, moves, winner, adjudicated, max_length), termination)
+    return _Game(_teacher_records(labels, moves, winner, adjudicated, max_length, settings.input_format),
+                 termination)
 
 
 def _teacher_records(labels: list[_Label], moves: list[str], winner: bool | None,
-                     adjudicated: bool, max_length: bool) -> np.ndarray:
+                     adjudicated: bool, max_length: bool, input_format: int) -> np.ndarray:
     """The game's records, built on an engine Board that replays it (so history planes are right)."""
     n = len(moves)
     records = np.zeros(n, dtype=RECORD_DTYPE)
@@ -456,7 +464,7 @@ def _teacher_records(labels: list[_Label], moves: list[str], winner: bool | None
             board, label.weights, result_q=label.q, result_d=label.d, plies_left=left,
             played=move, root=root, best=label.best, best_eval=root, played_eval=played,
             orig=Eval(game_q, game_d, left), adjudicated=adjudicated,
-            max_length_exceeded=max_length, nodes=label.nodes,
+            max_length_exceeded=max_length, nodes=label.nodes, input_format=input_format,
         )
         board.push_uci(move)
     return records
@@ -526,8 +534,10 @@ def bootstrap_teacher(
     commit_seconds: float = DEFAULT_COMMIT_SECONDS,
     progress: bool = True,
     stop: threading.Event | None = None,
+    input_format: int | None = None,
 ) -> TeacherSummary:
-    """Fill the run's store up to ``positions`` teacher-labelled positions (see the module docstring).
+    """Fill the run's store up to ``positions`` teacher-labelled positions (see the module docstring),
+    in ``input_format`` (lc0's; default: the run's config's network's, :func:`run_input_format`).
 
     ``teacher`` is the engine's command line (default: :func:`default_teacher`);
     ``workers`` teacher processes run at once (default: one per CPU).  Raises
@@ -545,11 +555,12 @@ def bootstrap_teacher(
                         opening_plies=opening_plies, max_plies=max_plies, syzygy=syzygy,
                         hash_mb=hash_mb, positions_per_chunk=positions_per_chunk)
     student = os.path.abspath(student) if student is not None else None
+    input_format = run_input_format(run_dir) if input_format is None else input_format
     settings = _GameSettings(depth, multipv, float(temperature), float(random_move_share),
-                             opening_plies, max_plies, syzygy, student)
+                             opening_plies, max_plies, syzygy, student, input_format)
     started = time.monotonic()
     with _run_lock(run_dir, TEACHER_SOURCE):
-        store = _open_store(run_dir)
+        store = _open_store(run_dir, input_format)
         progress_path = os.path.join(os.fspath(run_dir), _STATE_DIR, _TEACHER_STATE)
         done = max(_source_positions(store, TEACHER_SOURCE), _read_teacher_state(progress_path))
         if done >= positions:
@@ -772,7 +783,7 @@ class _Skip(Exception):
         self.reason = reason
 
 
-def _pgn_records(game: chess.pgn.Game) -> np.ndarray:
+def _pgn_records(game: chess.pgn.Game, input_format: int) -> np.ndarray:
     """The records of one game; raises :class:`_Skip` for a game that cannot be imported."""
     if game.errors:
         raise _Skip("parse error", str(game.errors[0]))
@@ -806,7 +817,7 @@ def _pgn_records(game: chess.pgn.Game) -> np.ndarray:
         try:
             records[i] = make_record(board, {move: 1.0}, result_q=q, result_d=d, plies_left=n - i,
                                      played=move, root=value, best=move, best_eval=value,
-                                     played_eval=Eval(q, d, n - i - 1), nodes=0)
+                                     played_eval=Eval(q, d, n - i - 1), nodes=0, input_format=input_format)
         except ValueError as exc:  # a move or a rule-50 count the engine's board refuses
             raise _Skip("position refused", str(exc)) from None
         board.push_uci(move)
@@ -820,8 +831,10 @@ def bootstrap_pgn(
     *,
     positions_per_chunk: int = DEFAULT_POSITIONS_PER_CHUNK,
     progress: bool = True,
+    input_format: int | None = None,
 ) -> PgnSummary:
-    """Import the games of PGN ``files`` (plain, .gz, .bz2) into the run's store (see the module docstring).
+    """Import the games of PGN ``files`` (plain, .gz, .bz2) into the run's store (see the module docstring),
+    in ``input_format`` (default: the run's network's, :func:`run_input_format`).
 
     Files are recognised by content (sha256): a file imported completely before
     is skipped, one imported in part continues after its last imported game.
@@ -836,8 +849,9 @@ def bootstrap_pgn(
     state_path = os.path.join(os.fspath(run_dir), _STATE_DIR, _PGN_STATE)
     skipped: dict[str, int] = {}
     games = positions = already_done = 0
+    input_format = run_input_format(run_dir) if input_format is None else input_format
     with _run_lock(run_dir, PGN_SOURCE):
-        store = _open_store(run_dir)
+        store = _open_store(run_dir, input_format)
         state = _load_pgn_state(state_path, _source_positions(store, PGN_SOURCE))
         # Commits are ours (no auto-commit, no commit on exit): each is bracketed by resume states.
         writer = store.writer(generation=0, source=PGN_SOURCE, positions_per_chunk=sys.maxsize)
@@ -868,7 +882,7 @@ def bootstrap_pgn(
                         chess.pgn.skip_game(reader.text)
                     while (game := chess.pgn.read_game(reader.text, Visitor=_QuietBuilder)) is not None:
                         try:
-                            records = _pgn_records(game)
+                            records = _pgn_records(game, input_format)
                         except _Skip as skip:
                             skipped[skip.reason] = skipped.get(skip.reason, 0) + 1
                             _logger.warning("%s: game %d skipped: %s", path, entry["games"] + 1, skip)

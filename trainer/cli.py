@@ -17,6 +17,7 @@ import sys
 import warnings
 import zipfile
 
+from engine.encoding import INPUT_FORMATS
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores
 from trainer.config import TEACHER_DEFAULTS, bundled_config_names
 
@@ -143,6 +144,9 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="(--teacher) an ONNX network that plays one side of each game with its policy's "
                            "first choice, so that the teacher labels the positions the student's own moves "
                            "lead to")
+    boot.add_argument("--input-format", type=int, default=None, choices=INPUT_FORMATS, metavar="N",
+                      help="lc0's input format the records are written in, the network's (default: the run's "
+                           "config's model.input_format, else 1)")
     boot.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     status = sub.add_parser("status", help="the learner's step and rate, the window, games/h, the next "
@@ -525,7 +529,8 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         if args.positions is None or args.positions < 1:
             parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
         options = {k: getattr(args, k) for k in ("workers", "depth", "multipv", "temperature", "random_move_share",
-                                                 "opening_plies", "max_plies", "student") if getattr(args, k) is not None}
+                                                 "opening_plies", "max_plies", "student", "input_format")
+                   if getattr(args, k) is not None}
         try:
             teacher = shlex.split(args.teacher) if args.teacher else bootstrap.default_teacher()
             stop = threading.Event()
@@ -537,11 +542,13 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             print(f"cyzero-train bootstrap: error: {exc}", file=sys.stderr)
             return 1
     elif args.pgn:
-        summary = bootstrap.bootstrap_pgn(args.run_dir, args.pgn, progress=not args.no_progress)
+        summary = bootstrap.bootstrap_pgn(args.run_dir, args.pgn, progress=not args.no_progress,
+                                          input_format=args.input_format)
     else:
         from trainer.replay import ReplayStore, import_lc0_chunks
 
-        summary = import_lc0_chunks(ReplayStore(args.run_dir), args.lc0)
+        fmt = bootstrap.run_input_format(args.run_dir) if args.input_format is None else args.input_format
+        summary = import_lc0_chunks(ReplayStore(args.run_dir, fmt), args.lc0)
     print(summary)
     return 0
 

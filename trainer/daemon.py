@@ -584,7 +584,7 @@ class Daemon:
 
         self._openings = self._resolve_openings()
         self._initialize(initialize_run)
-        self._store = ReplayStore(self.run_dir)
+        self._store = ReplayStore(self.run_dir, self.config.model.input_format)
         self._stored = _RecentIds(self._stored.limit, self._store.newest_game_ids(self._stored.limit))
         for entry in self._store.entries():
             if entry.source == "selfplay":
@@ -872,7 +872,13 @@ class Daemon:
             worker.generation = message.generation
         elif isinstance(message, wire.Game):
             self._worker(message.worker, identity)
-            if message.game_id in self._stored:
+            played = int(message.records["input_format"][0])   # wire.py checked: one format a game
+            if played != self._store.input_format:
+                reason = (f"its records are lc0's input format {played}, and this run's network reads format "
+                          f"{self._store.input_format}")
+                self._dropped(f"refused game {message.game_id} of {message.worker}: {reason}")
+                self._send(identity, wire.Refused(reason, message.game_id))
+            elif message.game_id in self._stored:
                 self._send(identity, wire.Ack((message.game_id,)))
             elif message.game_id in self._buffer:
                 self._buffer[message.game_id][1].add(identity)

@@ -693,7 +693,8 @@ class _Learner:
         from trainer.replay import ReplaySampler, ReplayStore
 
         self.window = self.cfg.replay
-        self.store = ReplayStore(self.run_dir)
+        self.store = ReplayStore(self.run_dir, self.cfg.model.input_format)
+        self.store.check_format()
         self.sampler = ReplaySampler(self.store, self.window, self.cfg.train.batch_size, seed=self.cfg.train.seed)
         if sampler_state is not None:
             self.sampler.load_state_dict(sampler_state)
@@ -755,7 +756,7 @@ class _Learner:
         if self.cfg.replay.validation_positions > 0:
             from trainer.replay import ReplayStore, validation_batch
 
-            batch = validation_batch(ReplayStore(self.run_dir), self.cfg.replay,
+            batch = validation_batch(ReplayStore(self.run_dir, self.cfg.model.input_format), self.cfg.replay,
                                      self.cfg.replay.validation_positions, seed=self.cfg.train.seed)
             if batch is not None and len(batch.planes):
                 return batch.planes.numpy()
@@ -1537,10 +1538,6 @@ def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log
         if differs:
             raise ValueError(f"the config changes the network's shape ({', '.join(differs)}) from checkpoint "
                              f"{path}: start a new run directory, or restore the run's [model] section")
-    if config.model.input_format != 1:
-        raise ValueError(f"the network reads lc0's input format {config.model.input_format}, and the learner's "
-                         "training records are written in format 1 (the classical planes): cyzero trains format-1 "
-                         "networks only (it plays every format)")
     if lead:
         _write_run_config(run_dir, config, config_path, log)
     return config, path

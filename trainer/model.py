@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.encoding import PLANES, POLICY_SIZE
+from trainer.records import HECTOPLIES_FORMATS  # the rule50 plane in hundreds of plies
 from engine.lc0 import move_plane
 from engine.network import MLH_NAME, POLICY_NAME, WDL_NAME
 
@@ -87,8 +88,6 @@ _BODY_ACTIVATIONS = ("mish", "relu", "swish", "relu2", "selu")
 #: these defaults, so an unchanged config writes the dict it always wrote.
 _OPTIONAL_DEFAULTS = {"se": True, "activation": "relu", "mlh_activation": "softplus", "body": "residual",
                       "input_format": 1}
-#: lc0's input formats that feed the rule50 plane in hundreds of plies (the others: in plies).
-HECTOPLIES_FORMATS = (4, 5, 132, 133)
 #: The attention body's own fields: a residual config's dict leaves them out.
 _BODY_FIELDS = ("heads", "ffn_hidden", "ffn_activation", "smolgen", "smolgen_channels", "smolgen_hidden",
                 "smolgen_gen", "pe_channels", "policy_embedding", "policy_d_model")

@@ -69,6 +69,7 @@ from engine.files import atomic_open, fsync_dir
 from trainer.atomic import read_jsonl
 from trainer.config import ReplayConfig, is_validation, window_size  # noqa: F401 - re-exported
 from trainer.records import (
+    INPUT_FORMAT_CLASSICAL,
     INPUT_PLANES,
     RECORD_BYTES,
     RECORD_DTYPE,
@@ -146,13 +147,13 @@ def _entry_from(obj: dict) -> ChunkEntry:
     return entry
 
 
-def _game_array(records: np.ndarray) -> np.ndarray:
+def _game_array(records: np.ndarray, input_format: int) -> np.ndarray:
     array = np.atleast_1d(np.asarray(records))
     if array.dtype != RECORD_DTYPE:
         raise TypeError(f"a game is an array of RECORD_DTYPE records, got dtype {array.dtype}")
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"a game is a non-empty 1-D array of records, got shape {array.shape}")
-    check_records(array)
+    check_records(array, input_format)   # a store holds one format: its network's
     return array
 
 
@@ -163,8 +164,9 @@ class ReplayStore:
     internal lock (it guards the manifest view and appends) is all there is.
     """
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, input_format: int = INPUT_FORMAT_CLASSICAL):
         self.run_dir = Path(run_dir)
+        self.input_format = input_format   # what its readers ask of a chunk: the network's format
         self.dir = self.run_dir / "replay"
         self.chunks_dir = self.dir / "chunks"
         self.cache_dir = self.dir / "cache"
@@ -269,6 +271,25 @@ class ReplayStore:
     def total_positions(self) -> int:
         return sum(e.positions for e in self.entries())
 
+    def check_format(self) -> None:
+        """``ValueError`` when the oldest or newest live chunk holds records of another input format
+        than the store's (its network's): a run trains on records written in its network's format,
+        and a mismatch found here is said in one line before any step, not chunk by chunk."""
+        entries = self.entries()
+        for entry in dict.fromkeys([entries[0], entries[-1]] if entries else []):
+            try:
+                with gzip.open(self.chunks_dir / entry.name, "rb") as gz:
+                    header = gz.read(8)
+            except (OSError, EOFError, zlib.error):
+                continue   # an unreadable chunk is the loader's to skip, with its own message
+            if len(header) == 8:
+                fmt = int(np.frombuffer(header, dtype="<u4")[1])
+                if fmt != self.input_format and not (fmt == 2 and self.input_format == INPUT_FORMAT_CLASSICAL):
+                    raise ValueError(
+                        f"the replay store {self.dir} holds records of lc0's input format {fmt} (chunk {entry.name}), "
+                        f"and the network reads input format {self.input_format}: records are written in the "
+                        "network's format, so start a new run folder for it (its bootstrap and self-play write it)")
+
     def newest_game_ids(self, limit: int | None = None) -> list[str]:
         """The ids of the newest ``limit`` games committed with :meth:`append_games` (all when
         None; pruned chunks' too), oldest first, read from the manifest: the daemon's duplicate
@@ -299,7 +320,7 @@ class ReplayStore:
             raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
         if not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
-        arrays = [_game_array(g) for g in games]
+        arrays = [_game_array(g, self.input_format) for g in games]
         if not arrays:
             raise ValueError("append_games needs at least one game")
         records = np.concatenate(arrays)
@@ -462,7 +483,7 @@ class ChunkWriter:
 
     def add_game(self, records: np.ndarray) -> ChunkEntry | None:
         """Buffer one game (a copy); returns the chunk it committed, if this game filled one."""
-        game = _game_array(records).copy()
+        game = _game_array(records, self.store.input_format).copy()
         self._games.append(game)
         self._positions += game.size
         if self._positions >= self.positions_per_chunk:
@@ -682,7 +703,8 @@ _FIELD_FLOATS = tuple(math.prod(shape) for shape in _FIELD_SHAPES)
 _POSITION_FLOATS = sum(_FIELD_FLOATS)
 
 
-def _pack(records: np.ndarray, *, shared: bool = False, q_ratio: float = 0.0) -> torch.Tensor:
+def _pack(records: np.ndarray, *, shared: bool = False, q_ratio: float = 0.0,
+          input_format: int = INPUT_FORMAT_CLASSICAL) -> torch.Tensor:
     """The decoded ``records`` as ONE 1-D float32 tensor: all the planes, then all the policies,
     the WDLs and the plies left (:func:`_unpack` gives the :class:`Batch` of views).
 
@@ -690,9 +712,10 @@ def _pack(records: np.ndarray, *, shared: bool = False, q_ratio: float = 0.0) ->
     descriptor to pass and one buffer to unpickle, in the learner's process, where that work
     competes with the training loop for the GIL), which the loader pins in one copy on CUDA.
     ``shared``: the buffer is made in shared memory, so handing it over copies nothing more.
-    ``q_ratio``: the search's share of the value target (:func:`trainer.records.decode_records`).
+    ``q_ratio``: the search's share of the value target, ``input_format`` the planes' format
+    (:func:`trainer.records.decode_records`).
     """
-    sample = decode_records(records, q_ratio=q_ratio)
+    sample = decode_records(records, q_ratio=q_ratio, input_format=input_format)
     n = len(records)
     count = n * _POSITION_FLOATS
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
@@ -720,8 +743,8 @@ def _unpack(flat: torch.Tensor) -> Batch:
     return Batch(*fields)
 
 
-def _to_batch(records: np.ndarray) -> Batch:
-    return _unpack(_pack(records))
+def _to_batch(records: np.ndarray, input_format: int = INPUT_FORMAT_CLASSICAL) -> Batch:
+    return _unpack(_pack(records, input_format=input_format))
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -759,6 +782,7 @@ class _BatchReader(Dataset):
     def __init__(self, store: ReplayStore, rank: int, world: int, q_ratio: float = 0.0):
         self.chunks_dir = store.chunks_dir
         self.q_ratio = q_ratio
+        self.input_format = store.input_format
         self.cache_dir = store.cache_dir
         self.rank, self.world = rank, world
         self._open: OrderedDict[str, np.ndarray] = OrderedDict()   # least recently used first
@@ -780,13 +804,14 @@ class _BatchReader(Dataset):
             return None
         try:
             mapped = np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
-            if len(mapped) == size and int(mapped[0]["version"]) == RECORD_VERSION:
+            if (len(mapped) == size and int(mapped[0]["version"]) == RECORD_VERSION
+                    and int(mapped[0]["input_format"]) == self.input_format):
                 return mapped
         except (FileNotFoundError, ValueError):   # ValueError: an empty file cannot be mapped
             pass
         path = self.chunks_dir / name
         try:
-            records = read_chunk(path)
+            records = read_chunk(path, self.input_format)
             if len(records) != size:
                 raise ChunkError(f"chunk {path} holds {len(records)} records, the manifest says {size}")
         except (ChunkError, OSError) as exc:
@@ -858,7 +883,8 @@ class _BatchReader(Dataset):
         else:
             raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
         found, self._found = self._found, []
-        packed = _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio)
+        packed = _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio,
+                       input_format=self.input_format)
         return batch, packed, found, time.perf_counter() - start
 
 
@@ -1036,7 +1062,7 @@ def validation_batch(store: ReplayStore, window: WindowConfig, positions: int, s
         if total >= VALIDATION_SPREAD * positions:
             break
         try:
-            records = read_chunk(store.chunks_dir / entry.name)
+            records = read_chunk(store.chunks_dir / entry.name, store.input_format)
         except (ChunkError, OSError) as exc:
             if entry.name not in _reported:
                 _reported.add(entry.name)
@@ -1048,7 +1074,7 @@ def validation_batch(store: ReplayStore, window: WindowConfig, positions: int, s
         return None
     records = np.concatenate(arrays[::-1])
     pick = np.random.default_rng([seed]).choice(len(records), size=min(positions, len(records)), replace=False)
-    return _to_batch(records[np.sort(pick)])
+    return _to_batch(records[np.sort(pick)], store.input_format)
 
 
 def loader_throughput(store: ReplayStore, window: WindowConfig, batch_size: int, workers: int,
@@ -1110,7 +1136,7 @@ def _lc0_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[str, bytes 
             yield str(path), exc
 
 
-def _lc0_game(label: str, raw: bytes) -> np.ndarray:
+def _lc0_game(label: str, raw: bytes, input_format: int) -> np.ndarray:
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
             data = gz.read(_MAX_LC0_GAME_BYTES + 1)
@@ -1118,7 +1144,7 @@ def _lc0_game(label: str, raw: bytes) -> np.ndarray:
         raise ChunkError(f"lc0 chunk {label} cannot be read: {exc}") from exc
     if len(data) > _MAX_LC0_GAME_BYTES:
         raise ChunkError(f"lc0 chunk {label} holds more than {_MAX_LC0_GAME_BYTES >> 20} MiB: not one game")
-    return parse_chunk(data, f"lc0 chunk {label}")
+    return parse_chunk(data, f"lc0 chunk {label}", input_format)
 
 
 def import_lc0_chunks(store: ReplayStore, paths: Sequence[str | os.PathLike], *,
@@ -1127,9 +1153,9 @@ def import_lc0_chunks(store: ReplayStore, paths: Sequence[str | os.PathLike], *,
 
     A folder is searched for ``*.gz``, ``*.tar`` and ``*.tgz`` files, in name order.
 
-    V6 records of input format 1 are taken as they are, format 2 converted
-    (:func:`trainer.records.to_classical`); any other file is skipped with one
-    log line naming it.  Committed in groups as source ``"lc0"``, generation 0.
+    V6 records of the store's input format are taken as they are, format 2 converted to format 1
+    (:func:`trainer.records.in_format`); any other file is skipped with one log line naming it.
+    Committed in groups as source ``"lc0"``, generation 0.
     """
     for path in paths:
         if not os.path.exists(path):
@@ -1141,7 +1167,7 @@ def import_lc0_chunks(store: ReplayStore, paths: Sequence[str | os.PathLike], *,
             try:
                 if isinstance(raw, Exception):
                     raise ChunkError(f"lc0 data {label} cannot be read: {raw}")
-                game = _lc0_game(label, raw)
+                game = _lc0_game(label, raw, store.input_format)
             except ChunkError as exc:
                 log.warning("skipping %s", exc)
                 skipped.append(str(exc))

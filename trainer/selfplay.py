@@ -292,13 +292,15 @@ class SelfPlay:
             if game.would_resign is None:
                 game.would_resign = turn
         if full and result.visits:
-            children = {c["move"]: c for c in self.search.trees[game.key].root_children()}
+            tree = self.search.trees[game.key]
+            children = {c["move"]: c for c in tree.root_children()}
             best = max(result.visits, key=lambda m: result.visits[m])
             root = Eval(result.q, result.d, math.nan)
             game.records.append(make_record(
                 board, result.visits, result_q=0.0, result_d=1.0, plies_left=0.0, played=move, root=root,
                 best=best, best_eval=_child_eval(children.get(best), root),
-                played_eval=_child_eval(children.get(move), root), nodes=result.nodes))
+                played_eval=_child_eval(children.get(move), root), nodes=result.nodes,
+                input_format=tree.input_format))   # the searching network's: its planes and indices
             game.turns.append(turn)
             game.record_plies.append(len(game.moves))
             self.positions += 1
