@@ -84,12 +84,12 @@ ARMAGEDDON_FORMATS = frozenset({132, 133})
 HISTORY_PLANES = 104
 INPUT_PLANES = 112
 
-# invariance_info bits lc0 sets for input format 1 (the others belong to input format 3).
+# invariance_info bits lc0 sets in every format: the game was adjudicated, it reached the length limit.
 ADJUDICATED_BIT = 1 << 5
 MAX_LENGTH_BIT = 1 << 4
-# invariance_info bits of the canonical formats: black to move, and the transform (flip, mirror, transpose).
+# The canonical formats' own: black to move (the side-to-move byte holds the en passant file there);
+# bits 0-2 hold the transform (flip, mirror, transpose).
 BLACK_TO_MOVE_BIT = 1 << 7
-TRANSFORM_MASK = 0b111
 
 _F = "<f4"
 RECORD_DTYPE = np.dtype(
