@@ -408,3 +408,51 @@ def test_canonical_record_fields_are_the_ones_lc0_writes():
     assert int(record["invariance_info"]) == transform | (1 << 5)   # white to move; the adjudicated bit kept
     assert int(record["side_to_move_or_enpassant"]) == 0 and int(record["rule50_count"]) == 30
     assert int(record["played_idx"]) == move_to_index(white, "h1h8", 4) != move_to_index(white, "h1h8")
+
+
+LC0_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lc0")
+
+
+@pytest.mark.parametrize("fmt", [4, 133])
+def test_lc0s_own_canonical_training_records_are_the_ones_make_record_writes(fmt):
+    """lc0 v0.32.1's selfplay records in a canonical format (docs/recipes/lc0-canonical-chunks.py):
+    replaying each game, the record make_record writes for the position has lc0's bytes (history
+    planes, castling rooks' files, en passant file, rule 50, transform and black-to-move bits) and
+    lc0's policy, and decode_records gives the engine's planes of that format. lc0 v0.32 indexes a
+    transposed position's moves rotated (tests/test_input_formats.py says why); its policy is read
+    through that index there, and ours keeps the transpose the planes go through."""
+    import json
+
+    from test_input_formats import v032_index
+
+    with open(os.path.join(LC0_DATA, "training-games.json"), encoding="utf-8") as f:
+        info = json.load(f)
+    records = read_chunk(os.path.join(LC0_DATA, f"training-format{fmt}.gz"), fmt)
+    decoded = decode_records(records, input_format=fmt)
+    at, seen = 0, set()
+    for opening, count in zip(info["openings"], info["records"][str(fmt)]):
+        board = Board(opening["fen"]) if opening["fen"] else Board()
+        for move in opening["moves"]:
+            board.push_uci(move)
+        for i in range(at, at + count):
+            lc0 = records[i]
+            transform = canonical_transform(board, fmt)
+            seen.add(transform)
+            index = {m: v032_index(board, m, transform) if transform & 4 else move_to_index(board, m, fmt)
+                     for m in board.legal_moves()}
+            played = next(m for m, k in index.items() if k == int(lc0["played_idx"]))
+            visits = {m: float(lc0["probabilities"][k]) for m, k in index.items()}
+            ours = _record(board, visits if sum(visits.values()) > 0 else {played: 1.0}, played, input_format=fmt)
+            for field in ("planes", "castling_us_ooo", "castling_us_oo", "castling_them_ooo", "castling_them_oo",
+                          "side_to_move_or_enpassant", "rule50_count", "input_format", "version"):
+                np.testing.assert_array_equal(ours[field], lc0[field], err_msg=f"{field} at {board.fen()}")
+            assert int(ours["invariance_info"]) & 0b10000111 == int(lc0["invariance_info"]) & 0b10000111
+            for move, k in index.items():
+                assert ours["probabilities"][move_to_index(board, move, fmt)] == pytest.approx(
+                    float(lc0["probabilities"][k]), abs=1e-6)
+            assert (ours["probabilities"] >= 0).sum() == (lc0["probabilities"] >= 0).sum() == len(index)
+            np.testing.assert_array_equal(decoded.planes[i], encode_board(board, input_format=fmt))
+            board.push_uci(played)
+        at += count
+    assert at == len(records) and len(seen) > 2   # flips, mirrors and transposes were among them
+    assert (records["side_to_move_or_enpassant"] > 0).any()   # and an en passant file
