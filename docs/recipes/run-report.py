@@ -64,7 +64,8 @@ def heldout_losses(run: str, generations: dict, positions: int) -> dict:
     entropy = float(-(np.where(target > 0, target * np.log(shares), 0.0)).sum(axis=1).mean())
     rows = []
     for generation in sorted(generations):
-        logits, predicted, _ = Network(os.path.join(run, generations[generation]["onnx"]), backend="cpu").evaluate(planes)
+        network = Network(os.path.join(run, generations[generation]["onnx"]), backend="cpu")
+        logits, predicted, _ = network.evaluate(planes)
         logits = np.where(legal, logits.astype(np.float64), -np.inf)
         logits -= logits.max(axis=1, keepdims=True)
         log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
