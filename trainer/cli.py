@@ -17,7 +17,6 @@ import sys
 import warnings
 import zipfile
 
-from engine.encoding import INPUT_FORMATS
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores
 from trainer.config import TEACHER_DEFAULTS, bundled_config_names
 
@@ -144,7 +143,7 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="(--teacher) an ONNX network that plays one side of each game with its policy's "
                            "first choice, so that the teacher labels the positions the student's own moves "
                            "lead to")
-    boot.add_argument("--input-format", type=int, default=None, choices=INPUT_FORMATS, metavar="N",
+    boot.add_argument("--input-format", type=int, default=None, metavar="N",
                       help="lc0's input format the records are written in, the network's (default: the run's "
                            "config's model.input_format, else 1)")
     boot.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -525,6 +524,11 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     from trainer import bootstrap
     from trainer.stop_signals import stop_on_signals
 
+    if args.input_format is not None:
+        from engine.encoding import INPUT_FORMATS   # here: `status` and the other commands import no numpy
+
+        if args.input_format not in INPUT_FORMATS:
+            parser.error(f"--input-format must be one of lc0's {INPUT_FORMATS}, got {args.input_format}")
     if args.teacher is not None:
         if args.positions is None or args.positions < 1:
             parser.error("--teacher needs --positions N (N >= 1): how many positions the run should hold")
