@@ -54,6 +54,7 @@ __all__ = [
     "make_record",
     "check_records",
     "in_format",
+    "readable_as",
     "decode_record",
     "decode_records",
     "write_chunk",
@@ -313,6 +314,12 @@ def check_records(records: np.ndarray, input_format: int | None = None) -> None:
         raise ValueError(f"record {i} has {_format_name(int(formats.flat[i]))}, the others {_format_name(wanted)}"
                          if input_format is None else
                          f"record {i} has {_format_name(int(formats.flat[i]))}, not {_format_name(wanted)}")
+
+
+def readable_as(fmt: int, input_format: int) -> bool:
+    """Whether records of lc0's input format ``fmt`` are read as ``input_format``: the same format,
+    or format 2 as format 1 (:func:`in_format`)."""
+    return fmt == input_format or (fmt == INPUT_FORMAT_CASTLING_PLANE and input_format == INPUT_FORMAT_CLASSICAL)
 
 
 def in_format(records: np.ndarray, input_format: int = INPUT_FORMAT_CLASSICAL) -> np.ndarray:

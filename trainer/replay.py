@@ -79,6 +79,7 @@ from trainer.records import (
     decode_records,
     parse_chunk,
     read_chunk,
+    readable_as,
     write_chunk,
 )
 
@@ -284,7 +285,7 @@ class ReplayStore:
                 continue   # an unreadable chunk is the loader's to skip, with its own message
             if len(header) == 8:
                 fmt = int(np.frombuffer(header, dtype="<u4")[1])
-                if fmt != self.input_format and not (fmt == 2 and self.input_format == INPUT_FORMAT_CLASSICAL):
+                if not readable_as(fmt, self.input_format):
                     raise ValueError(
                         f"the replay store {self.dir} holds records of lc0's input format {fmt} (chunk {entry.name}), "
                         f"and the network reads input format {self.input_format}: records are written in the "
