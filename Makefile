@@ -188,6 +188,7 @@ gpu-check: $(GPU_CHECK_SETUP)
 	bench selfplay $(GPU_CHECK_BIN)cyzero-train bench selfplay --device cuda:0 --json; \
 	bench selfplay-gpu $(GPU_CHECK_BIN)cyzero-train bench selfplay --device cuda:0 --config gpu --json; \
 	bench train $(GPU_CHECK_BIN)cyzero-train bench train --json; \
+	bench train-bt $(GPU_CHECK_BIN)cyzero-train bench train --config gpu-bt --json; \
 	$(VPY) -m trainer.gpucheck "$$out" || status=1; \
 	exit $$status
 

@@ -28,7 +28,7 @@ SELFPLAY = {"device": "cuda:0", "config": None, "efficiency": 0.88, "runs": {
           "games_finished": 40, "games_per_hour_finished": 4100.0},
     "2": {"ratio": 0.86, "selfplay_evals_per_s": 61000.0, "raw_evals_per_s": 71000.0, "games_per_hour": 1100.0,
           "games_finished": 55, "games_per_hour_finished": 5200.0}}}
-TRAIN = {"device": "NVIDIA H100 80GB HBM3", "raw_samples_per_s": 10353.0, "learner_1_rank_samples_per_s": 8713.0,
+TRAIN = {"device": "NVIDIA H100 80GB HBM3", "net": "6x64", "batch_size": 256, "raw_samples_per_s": 10353.0, "learner_1_rank_samples_per_s": 8713.0,
          "learner_1_rank_over_raw": 0.8416, "loader_samples_per_s": 108000.0, "loader_over_learner": 12.4}
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="2" tests="9" time="12.0"></testsuite></testsuites>"""
@@ -45,6 +45,7 @@ def results(tmp_path):
     write(tmp_path, "selfplay.json", SELFPLAY)
     write(tmp_path, "selfplay-gpu.json", dict(SELFPLAY, config="gpu"))
     write(tmp_path, "train.json", TRAIN)
+    write(tmp_path, "train-bt.json", dict(TRAIN, net="bt-256x10x8h", batch_size=1024, learner_1_rank_over_raw=0.95))
     write(tmp_path, gpucheck.TESTS_FILE, JUNIT)
     return tmp_path
 
@@ -81,6 +82,9 @@ def test_every_headline_figure_beside_its_target(results):
     assert (learner.value, learner.verdict) == ("84.2%", "BELOW")
     assert find(rows, "bench train", "learner samples/s").value == "8,713 (raw 10,353)"
     assert find(rows, "bench train", "loader / learner").value == "12.4x"
+    assert find(rows, "bench train", "network, batch").value == "6x64, 256"
+    assert find(rows, "bench train --config gpu-bt", "network, batch").value == "bt-256x10x8h, 1024"
+    assert find(rows, "bench train --config gpu-bt", "learner / raw step").verdict == "ok"
     text = gpucheck.summary(str(results))
     assert text.splitlines()[0] == f"gpu-check summary of {results}"
     assert "157,081 at batch 2048" in text and "BELOW" in text

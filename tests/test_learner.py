@@ -271,8 +271,9 @@ interval = 2
 """
 
 
-def random_game(rng: random.Random) -> np.ndarray:
-    """A random game's records: a few legal moves per position with random visit shares."""
+def random_game(rng: random.Random, input_format: int = 1) -> np.ndarray:
+    """A random game's records in lc0's ``input_format``: a few legal moves per position with random
+    visit shares."""
     board = Board()
     records = []
     length = rng.randrange(12, 40)
@@ -284,18 +285,20 @@ def random_game(rng: random.Random) -> np.ndarray:
         played = rng.choice(sorted(visits))
         q = rng.choice((-1.0, 0.0, 1.0))
         records.append(make_record(board, visits, result_q=q, result_d=1.0 - abs(q), plies_left=float(length - ply),
-                                   played=played, root=Eval(0.0, 0.5, 20.0)))
+                                   played=played, root=Eval(0.0, 0.5, 20.0), input_format=input_format))
         board.push_uci(played)
     return np.array(records, dtype=RECORD_DTYPE)
 
 
-def make_run(path, config: str = TINY, game=random_game, games_per_chunk: int = 3, seed: int = 0,
+def make_run(path, config: str = TINY, game=None, games_per_chunk: int = 3, seed: int = 0,
              positions: int = 0, input_format: int = 1):
     """A run folder with RUN/config.toml and a store of at least 2 validation and 4 training chunks
     and ``positions`` in all (which chunks are held out depends on their names, so keep adding
     until both are there). The chunks' names, random in the store, are drawn from ``seed`` here:
-    the same call makes the same split, so a test's held-out set does not change from run to run."""
+    the same call makes the same split, so a test's held-out set does not change from run to run.
+    ``game`` (default: :func:`random_game` in ``input_format``) makes one game's records from an rng."""
     path = str(path)
+    game = game or (lambda rng: random_game(rng, input_format))
     store = ReplayStore(path, input_format)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         f.write(config)
@@ -803,14 +806,16 @@ def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_pat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("net_name", ["2x16", "bt-32x2x2h"])
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
-def test_mixed_precision_step_on_cuda_tracks_float32(amp):
+def test_mixed_precision_step_on_cuda_tracks_float32(amp, net_name):
+    """The tower and the attention body (its fused attention, smolgen's bias in bf16) alike."""
     device = torch.device("cuda")
     batch = FakeBatch(*(t.to(device) for t in synthetic_batch(64, 0)))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
     results = {}
     for precision in ("fp32", amp):
-        net = build_net("2x16", seed=1).to(device)
+        net = build_net(net_name, seed=1).to(device)
         opt = make_optimizer(net, OptimizerConfig(kind="sgd", lr=0.01))
         scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         first = None

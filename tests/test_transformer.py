@@ -158,6 +158,37 @@ def test_export_writes_a_transformer_as_onnx_and_as_lc0_and_the_engine_plays_bot
 # --------------------------------------------------------------------------- the learner
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_fused_attention_cuda_trains_with_is_the_plain_product_the_cpu_and_exports_use(with_bias):
+    """CUDA takes F.scaled_dot_product_attention; its scale and additive smolgen bias must be the plain
+    path's, or a network trained on a GPU plays differently once exported. Both run here on the CPU."""
+    from trainer.model import attention
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(5, 4, 64, 8, generator=g) for _ in range(3))
+    bias = torch.randn(5, 4, 64, 64, generator=g) * 3 if with_bias else None
+    fused, plain = attention(q, k, v, bias, fused=True), attention(q, k, v, bias, fused=False)
+    assert torch.allclose(fused, plain, atol=1e-5), (fused - plain).abs().max()
+    if with_bias:   # the bias really counts (a test that cannot fail would pass without it)
+        assert not torch.allclose(fused, attention(q, k, v, None, fused=False), atol=1e-2)
+
+
+def test_bench_train_measures_a_transformer_config_in_its_input_format(tmp_path):
+    """`cyzero-train bench train --config gpu-bt` (make gpu-check) measures the config's learner: its
+    network, batch and canonical format on synthetic records the learner's format check accepts."""
+    from trainer.bench import bench_train
+
+    config = tmp_path / "bt.toml"
+    config.write_text('[model]\nnet = "bt-16x1x2h"\ninput_format = 4\n[train]\nbatch_size = 16\n'
+                      '[replay]\nworkers = 0\n')
+    figures = bench_train(print_report=False, device="cpu", config_name=str(config), steps=4, log_interval=2,
+                          chunks=2, chunk_positions=64, loader_workers=1, log=lambda line: None)
+    assert (figures["net"], figures["batch_size"]) == ("bt-16x1x2h", 16)
+    assert figures["learner_1_rank_samples_per_s"] > 0 and figures["loader_samples_per_s"] > 0
+    with pytest.raises(ValueError, match="not both"):
+        bench_train(print_report=False, device="cpu", config_name=str(config), run_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize("input_format", [1, 4])
 def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path, input_format):
     """The same learner, losses and checkpoints: 50 steps lower the held-out loss, and the checkpoint
@@ -187,6 +218,23 @@ def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path, input_fo
     assert after["total"] < before["total"] - 0.2, (before, after)
     planes, masks = sample_positions(32, seed=1)
     check_lc0_file(trained, lc0_file_bytes(trained), planes, masks)
+
+
+@pytest.mark.gpu
+def test_a_transformer_learns_on_one_gpu_in_bf16_and_resumes(tmp_path):
+    """The gpu-bt path at a test's size: nccl's one rank on cuda:0, bf16 autocast, the fused attention,
+    canonical records; it checkpoints, resumes and publishes a generation the engine reads as format 4."""
+    if not torch.cuda.is_available():
+        pytest.skip("gpu test: no CUDA device")
+    config = TINY.replace('net = "1x8"', 'net = "bt-32x2x2h"\ninput_format = 4').replace(
+        "[train]\n", '[train]\namp = "bf16"\n')
+    run = make_run(tmp_path / "run", config, input_format=4)
+    code, lines = run_learn(run, devices="cuda:0", steps=4)
+    assert code == 0, lines
+    code, lines = run_learn(run, devices="cuda:0", steps=6)
+    assert code == 0 and any("resuming at step 4" in line for line in lines), lines
+    onnx = os.path.join(run, "networks", "gen-00002.onnx")
+    assert Network(onnx, backend="cpu").input_format == 4
 
 
 # --------------------------------------------------------------------------- from lc0's files

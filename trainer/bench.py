@@ -207,6 +207,7 @@ def bench_train(
     chunk_positions: int = 1024,
     seed: int = 0,
     run_dir: str | None = None,
+    config_name: str | None = None,
     log: Callable[[str], Any] | None = None,
 ) -> dict:
     """Measure raw step, learner (1 and 2 ranks) and loader samples/s in one run; returns the figures.
@@ -216,6 +217,10 @@ def bench_train(
     daemon runs it, measured alone, beside the rate the run's learner logged under the daemon
     (``daemon_over_learner``, the share of its own rate it keeps there; nothing in the run is
     written but the replay cache).
+
+    ``config_name`` (``--config``): a training config's network, batch size, loader workers and
+    precision (``train.amp``) on synthetic records of its input format, so that a config such as
+    ``gpu-bt`` is measured as its learner would run before any game exists.
 
     ``device``: "cpu" or "cuda" (default: cuda when there is a GPU). Two ranks run on a CPU,
     and on CUDA when there are two GPUs. ``rank_workers``: loader workers per learner rank
@@ -234,7 +239,14 @@ def bench_train(
     if steps < 2 * log_interval:
         raise ValueError(f"steps ({steps}) must cover at least two log intervals of {log_interval}")
     torch_device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+    if run_dir is not None and config_name is not None:
+        raise ValueError("give a run (--run) or a config (--config), not both: a run has its own config")
     base_config = default_config()
+    if config_name is not None:
+        from trainer.config import load_named_config
+
+        base_config = load_named_config(config_name)
+        net, batch_size = base_config.model.net, base_config.train.batch_size
     if run_dir is not None:
         from trainer.config import load_run_config
         from trainer.report import check_run_dir

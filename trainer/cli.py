@@ -248,8 +248,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="seconds of play per setting (bootstrap: 10; selfplay: 20)")
     bench.add_argument("--device", default="cpu", help="(selfplay) cpu, or cuda:N")
     bench.add_argument("--config", metavar="TOML", default=None,
-                       help="(selfplay) play a training config's [selfplay] settings with a fresh network of its "
-                            "size (a bundled name such as cpu, or a file) instead of the defaults")
+                       help="a training config (a bundled name such as cpu or gpu-bt, or a file). selfplay: play "
+                            "its [selfplay] settings with a fresh network of its size instead of the defaults; "
+                            "train: its network, batch size, loader workers and amp on synthetic records of its "
+                            "input format")
     bench.add_argument("--games", type=int, default=None,
                        help="(selfplay) games each measuring process plays at once, as `worker --games` sets "
                             "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
@@ -641,7 +643,7 @@ def bench_main(args: argparse.Namespace) -> int:
     from trainer.bench import bench_train
 
     try:
-        figures = bench_train(print_report=not args.json, run_dir=args.run)
+        figures = bench_train(print_report=not args.json, run_dir=args.run, config_name=args.config)
     except ValueError as e:
         print(f"cyzero-train bench train: {e}", file=sys.stderr)
         return 2

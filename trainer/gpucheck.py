@@ -17,6 +17,7 @@ why, and the other rows are still printed. The files:
 ``selfplay.json``     ``cyzero-train bench selfplay --device cuda:0 --json``
 ``selfplay-gpu.json`` the same with ``--config gpu``
 ``train.json``        ``cyzero-train bench train --json``
+``train-bt.json``     the same with ``--config gpu-bt`` (the transformer's network, batch and bf16)
 
 No figure is judged here beyond comparing it with its target: the benchmarks measure, side by
 side in one run, and this module only reads what they wrote.
@@ -46,6 +47,7 @@ BENCHES = (
     ("selfplay.json", "bench selfplay"),
     ("selfplay-gpu.json", "bench selfplay --config gpu"),
     ("train.json", "bench train"),
+    ("train-bt.json", "bench train --config gpu-bt"),
 )
 
 
@@ -278,6 +280,10 @@ def _train(data: dict, name: str, table: _Table) -> None:
         table.text("device", device, "a GPU", "NOT GPU" if device == "cpu" else "ok")
     except _Missing as e:
         table.missing("device", str(e), "a GPU")
+    try:
+        table.text("network, batch", f"{_get(data, ['net'], name)}, {_get(data, ['batch_size'], name)}")
+    except _Missing as e:
+        table.missing("network, batch", str(e))
     table.add("learner / raw step", ["learner_1_rank_over_raw"], _share, 0.90, ">= 90%")
     table.add("learner samples/s", ["learner_1_rank_samples_per_s"], _rate,
               extra=(" (raw ", ["raw_samples_per_s"], _rate, ")"))

@@ -404,6 +404,17 @@ class Smolgen(nn.Module):
         return g.view(g.shape[0], self.heads, 64, 64)
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+              fused: bool) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(depth) + bias) v`` over [N, heads, 64, depth]. ``fused`` takes
+    PyTorch's fused kernels (what CUDA trains with); the plain products are faster on a CPU and
+    are what an ONNX export writes."""
+    if fused:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    logits = q @ k.transpose(2, 3) * (1.0 / math.sqrt(q.shape[-1]))
+    return torch.softmax(logits if bias is None else logits + bias, dim=-1) @ v
+
+
 class EncoderLayer(nn.Module):
     """lc0's encoder layer, post-norm with DeepNorm: ``x = ln1(alpha * mha(x) + x)``, then
     ``x = ln2(alpha * ffn(x) + x)``; smolgen adds its bias to the attention logits."""
@@ -428,12 +439,7 @@ class EncoderLayer(nn.Module):
 
         bias = self.smolgen(x, generator) if self.smolgen is not None else None
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        if x.is_cuda:   # the fused kernels; on a CPU (and in an export) the plain product is faster
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        else:
-            logits = q @ k.transpose(2, 3) * (1.0 / math.sqrt(q.shape[-1]))
-            attended = torch.softmax(logits if bias is None else logits + bias, dim=-1) @ v
-        attended = attended.transpose(1, 2).reshape(n, squares, e)
+        attended = attention(q, k, v, bias, fused=x.is_cuda).transpose(1, 2).reshape(n, squares, e)
         x = self.ln1(self.alpha * self.out(attended) + x)
         return self.ln2(self.alpha * self.ffn2(self.ffn_act(self.ffn1(x))) + x)
 

@@ -3,19 +3,21 @@ then played against each other at equal time: issue 55's measurement (docs/train
 bodies").
 
     python docs/recipes/transformer-vs-tower.py WORK [--positions 277000] [--depth 6] [--minutes 30]
-        [--games 200] [--tc 10+0.1] [--tower teacher-6x64] [--transformer teacher-bt-64x6x4h]
+        [--games 200] [--tc 10+0.1] [--concurrency 2] [--tower-net 10x64] [--transformer teacher-bt-64x6x4h]
 
 Each stage is skipped when its result is already in WORK, so a stopped run resumes:
 
 1. WORK/labels: ``cyzero-train bootstrap --teacher`` (Debian's stockfish, one process a core) up to
    POSITIONS labelled positions (it resumes itself).
-2. WORK/tower and WORK/transformer: each a run folder whose replay store links the labels' chunks; both
+2. WORK/tower and WORK/transformer: each a run folder (the tower's config is teacher-6x64's with its
+   net set to TOWER_NET, by default the bundled network's 10x64) whose replay store links the labels' chunks; both
    learners start at once, ``--devices cpu:1`` with one torch thread and a core each (affinity), and
    are stopped with SIGTERM after MINUTES (each writes its final checkpoint). Their metrics.jsonl hold
    the losses, training and held-out, side by side.
 3. Each final checkpoint is exported to ONNX (fp32; on a CPU with AVX-512 BF16 or AMX the engine runs it
    in OpenVINO bf16), its nodes/s measured (``cyzero bench search --threads 1``), and the two play
-   ``cyzero match`` at TC, one thread each, GAMES games from the bundled openings with colours reversed.
+   ``cyzero match`` at TC, one thread each, GAMES games from the bundled openings with colours reversed,
+   CONCURRENCY at once (a game has one side thinking at a time, so two games keep two cores busy).
 
 Prints one JSON object: each network's last logged losses, steps and samples/s, its nodes/s, and the
 match (W/D/L from the transformer's side, the Elo difference with its 95% interval).
@@ -101,9 +103,19 @@ def nodes_per_s(onnx: Path) -> float:
     return json.loads(done.stdout)["search_nodes_per_s"]
 
 
-def match(transformer: Path, tower: Path, games: int, tc: str, out: Path) -> dict:
+def tower_config(work: Path, net: str) -> Path:
+    """teacher-6x64's config with its net replaced, so that the tower trains as the bundled one did."""
+    text = (REPO / "trainer" / "configs" / "teacher-6x64.toml").read_text()
+    if 'net = "6x64"' not in text:
+        raise SystemExit("trainer/configs/teacher-6x64.toml no longer says net = \"6x64\": update this recipe")
+    config = work / f"teacher-{net}.toml"
+    config.write_text(text.replace('net = "6x64"', f'net = "{net}"'))
+    return config
+
+
+def match(transformer: Path, tower: Path, games: int, tc: str, concurrency: int, out: Path) -> dict:
     if not out.exists():
-        command = [CYZERO, "match", "--tc", tc, "--games", str(games), "--concurrency", "1",
+        command = [CYZERO, "match", "--tc", tc, "--games", str(games), "--concurrency", str(concurrency),
                    "--pgn", str(out.with_suffix(".pgn")), "--json", "--engine2", CYZERO]
         for side, name, net in (("engine1", "transformer", transformer), ("engine2", "tower", tower)):
             command += [f"--{side}-name", name, f"--{side}-option", f"WeightsFile={net}",
@@ -125,16 +137,18 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--games", type=int, default=200)
     parser.add_argument("--tc", default="10+0.1")
-    parser.add_argument("--tower", default="teacher-6x64")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--tower-net", default="10x64")
     parser.add_argument("--transformer", default="teacher-bt-64x6x4h")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     source = labels(args.work, args.positions, args.depth)
-    train(args.work, source, {"tower": args.tower, "transformer": args.transformer}, args.minutes)
+    tower = tower_config(args.work, args.tower_net)
+    train(args.work, source, {"tower": str(tower), "transformer": args.transformer}, args.minutes)
     report = {name: {**losses(args.work / name), "nodes_per_s": nodes_per_s(exported(args.work / name))}
               for name in ("tower", "transformer")}
     report["match"] = match(exported(args.work / "transformer"), exported(args.work / "tower"), args.games, args.tc,
-                            args.work / "match.json")
+                            args.concurrency, args.work / "match.json")
     print(json.dumps(report, indent=1))
 
 
