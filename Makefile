@@ -33,14 +33,18 @@
 #
 # TORCH is installed on its own, before the extras, so that no dependency
 # pulls an unpinned (multi-GB CUDA) torch. It is a pip requirement followed by
-# pip options if you like. TORCH_INDEX is the index pip takes torch (and only torch) from:
-# without a GPU on Linux, PyTorch's CPU wheels spare a multi-GB CUDA build:
-#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# pip options if you like. TORCH_INDEX is the index pip takes torch (and only torch) from; unset,
+# it is PyTorch's CPU index on Linux without an NVIDIA GPU (a CUDA build is several GB) and pip's
+# own index elsewhere. An index that does not answer within 5 s costs one line: pip then takes torch
+# from its own index. Another index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cu130
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-TORCH_INDEX ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+SYSTEM ?= $(shell uname -s)
+TORCH_INDEX ?= $(if $(filter Linux,$(SYSTEM)),$(if $(GPU_EXTRA),,$(TORCH_CPU_INDEX)))
 GPU ?=
 TESTS ?= tests
 RUN ?= runs/cpu
@@ -82,9 +86,13 @@ $(RUNTIME_SPEC): FORCE
 # recipe: quotes in it cannot break out. It is split into words on purpose
 # (requirement, then pip options); each word is still passed to pip as one argument.
 # TORCH_INDEX becomes pip's --index-url for the torch install alone (PyTorch's CPU index holds
-# torch's own dependencies too); unset, pip uses its usual index, which is all some machines reach.
+# torch's own dependencies too), once INDEX_ANSWERS found it answering; empty, or silent, pip uses
+# its usual index, which is all some machines reach.
 export CYZERO_TORCH := $(TORCH)
 export CYZERO_TORCH_INDEX := $(TORCH_INDEX)
+# Exit 0 when the index (argv[1]) answers within 5 s: a folder for a file: URL, any answer otherwise.
+INDEX_ANSWERS := import os, sys, urllib.parse as p, urllib.request as r; u = sys.argv[1]; s = p.urlsplit(u); \
+	sys.exit(0 if (os.path.isdir(r.url2pathname(s.path)) if s.scheme == "file" else r.urlopen(u, timeout=5)) else 1)
 
 # onnxruntime and onnxruntime-gpu are one import package: keep only the one GPU asks for. The
 # other is removed, and the one kept reinstalled over the files they shared. (The project needs
@@ -100,32 +108,38 @@ define ONE_ONNXRUNTIME
 endef
 
 # The engine: Cython and numpy first (the build needs them in the venv itself: `make build`
-# compiles in place), then the project with its own dependencies, compiled once, in place, with
-# -j 2 (a pip install -e would compile it again, one module after another, for a minute more).
+# compiles in place), then the core, compiled once, in place, with -j 2, then the project with its
+# own dependencies: pip's editable build finds the compiled modules current and copies them
+# (setup.py's BuildExt), as do the later installs of `make test` and `make train`.
 $(ENGINE_STAMP): setup.py pyproject.toml $(RUNTIME_SPEC)
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) >&2
 	@$(PIP) install -q --upgrade pip >&2
 	@$(PIP) install 'cython>=3.0' numpy setuptools wheel >&2
-	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@$(VPY) setup.py -q build_ext --inplace -j 2 >&2
 	@$(PIP) install --no-build-isolation -e '.$(if $(GPU_EXTRA),[gpu])' >&2
 	$(ONE_ONNXRUNTIME)
 	@touch $@ && touch $(BUILT)
 
 # The rest, for tests and training: the pinned torch first, then the extras.
 $(STAMP): $(ENGINE_STAMP) $(TORCH_SPEC)
-	@set -f; $(PIP) install $$CYZERO_TORCH $${CYZERO_TORCH_INDEX:+--index-url "$$CYZERO_TORCH_INDEX"} >&2
+	@set -f; index=$$CYZERO_TORCH_INDEX; \
+	if [ -n "$$index" ] && ! $(VPY) -c '$(INDEX_ANSWERS)' "$$index" 2>/dev/null; then \
+		echo "torch: $$index did not answer within 5 s; pip takes torch from its own index (on Linux a CUDA build of several GB; TORCH_INDEX=URL picks another)" >&2; \
+		index=; \
+	fi; \
+	$(PIP) install $$CYZERO_TORCH $${index:+--index-url "$$index"} >&2
 	@$(PIP) install --no-build-isolation -e '.[train,dev$(if $(GPU_EXTRA),$(comma)gpu)]' >&2
 	$(ONE_ONNXRUNTIME)
 	@touch $@
 
 # Only when a .pyx, a .pxd or setup.py changed since the last build (or the venv is new).
 $(BUILT): $(ENGINE_STAMP) $(CORE_SOURCES)
-	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@$(VPY) setup.py -q build_ext --inplace -j 2 >&2
 	@touch $@
 
 # Always runs: Cython and the compiler only redo what changed.
 build: $(ENGINE_STAMP)
-	@$(VPY) setup.py build_ext --inplace -j 2 >&2
+	@$(VPY) setup.py -q build_ext --inplace -j 2 >&2
 	@touch $(BUILT)
 
 engine: $(BUILT)
