@@ -119,6 +119,45 @@ TRAIN_CASES = {
 }
 
 
+def _run_to_a_closed_pipe(argv: list[str], cwd) -> subprocess.CompletedProcess:
+    """``argv`` with its stdout a pipe whose reader has already gone, as ``... | head`` leaves it."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, stdout=write_end, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              cwd=cwd, env=_env(), timeout=DEADLINE_S)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("argv", [
+    CYZERO + ["perft", "startpos", "3", "--divide"],
+    CYZERO + ["eval", os.path.join(REPO, "engine", "nets", "default.onnx"), "--positions",
+              os.path.join(REPO, "tests", "data", "eval-positions.jsonl")],
+    CYZERO + ["--help"],
+    TRAIN + ["--help"],
+    TRAIN + ["run", "--help"],
+    TRAIN + ["status", "run"],
+], ids=lambda argv: " ".join(argv[2:4]))
+def test_a_command_whose_reader_left_stops_quietly(argv, tmp_path):
+    """`cyzero-train status runs/cpu | head` said `error: [Errno 32] Broken pipe`."""
+    (tmp_path / "run").mkdir()
+    shutil.copy(os.path.join(REPO, "trainer", "configs", "cpu.toml"), tmp_path / "run" / "config.toml")
+    done = _run_to_a_closed_pipe(argv, tmp_path)
+    assert done.stderr == "" and done.returncode in (0, 141), (done.returncode, done.stderr[-2000:])
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error():
+    """A command writing to a child that died must not pass for one whose reader left."""
+    code = ("import os; from engine.tools.closed_stdout import quiet_when_reader_gone\n"
+            "@quiet_when_reader_gone\n"
+            "def main():\n"
+            "    r, w = os.pipe(); os.close(r); os.write(w, b'x')\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 1 and "BrokenPipeError" in done.stderr, done.stderr[-2000:]
+
+
 def test_every_subcommand_is_run_here():
     assert _names(cyzero_cli.build_parser()) == set(CYZERO_CASES)
     assert _names(_train_parser()) == set(TRAIN_CASES)

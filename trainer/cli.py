@@ -17,6 +17,7 @@ import sys
 import warnings
 import zipfile
 
+from engine.tools.closed_stdout import quiet_when_reader_gone, reader_gone
 from trainer import EXIT_WITH_PARENT_ENV, usable_cores
 from trainer.config import TEACHER_DEFAULTS, bundled_config_names
 
@@ -719,6 +720,7 @@ def _stop_with_parent() -> None:
     end_with(parent, stop)
 
 
+@quiet_when_reader_gone
 def main(argv=None) -> int:
     """Run ``cyzero-train``; returns the process exit code."""
     parser = _build_parser()
@@ -739,6 +741,8 @@ def main(argv=None) -> int:
         print(f"cyzero-train {args.command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError) as exc:  # bad input or a file problem: one line, no traceback
+        if reader_gone(exc):
+            raise  # stdout's reader left: quiet_when_reader_gone ends the command as Unix tools end
         print(f"cyzero-train {args.command}: error: {_one_line(exc, 500)}", file=sys.stderr)
         return 2
 

@@ -14,10 +14,10 @@ so the arrows stay one-way: ``uci -> engine`` (docs/architecture.md).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from engine import __version__
+from engine.tools.closed_stdout import quiet_when_reader_gone
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@quiet_when_reader_gone
 def main(argv: list[str] | None = None) -> int:
     if not (argv if argv is not None else sys.argv[1:]):
         from uci.__main__ import main as uci_main  # the common case: no argparse, no tools
@@ -52,11 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # e.g. `cyzero perft ... --divide | head`: stop quietly, like other command-line tools
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":
