@@ -15,8 +15,9 @@
 #                 started with the bundled CPU config (--config cpu) and resumed with the run's
 #                 own RUN/config.toml, so edits to it are kept (RUN=runs/x picks the run
 #                 directory, default runs/cpu; CONFIG=gpu, a bundled config's name or a TOML file,
-#                 runs with that config instead, from the start or on resuming; ARGS='--devices
-#                 cuda:0' adds options)
+#                 runs with that config instead, from the start or on resuming; PORT=5790 puts the
+#                 daemon on ports 5790-5792 and PORT=auto on free ones, for a second run beside
+#                 another; ARGS='--devices cuda:0' adds options)
 #
 # `make engine` is a UCI engine command: stdout carries nothing but UCI, so every
 # recipe is silent (@) and pip's and the compiler's output goes to stderr (>&2).
@@ -49,6 +50,7 @@ GPU ?=
 TESTS ?= tests
 RUN ?= runs/cpu
 CONFIG ?=
+PORT ?=
 ARGS ?=
 
 VPY := $(VENV)/bin/python
@@ -150,7 +152,7 @@ engine: $(BUILT)
 # `kill -INT <make's pid>` leaves the run training), or `kill -INT <pid>` with the daemon's pid from
 # `cyzero-train status $(RUN)` (RUN/daemon.json).
 train: $(STAMP) $(BUILT)
-	@exec $(VENV)/bin/cyzero-train run $(RUN) $(if $(CONFIG),--config $(CONFIG),$(if $(wildcard $(RUN)/config.toml),,--config cpu)) $(ARGS)
+	@exec $(VENV)/bin/cyzero-train run $(RUN) $(if $(CONFIG),--config $(CONFIG),$(if $(wildcard $(RUN)/config.toml),,--config cpu)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 # pytest-xdist: one worker per core; -rs lists every skipped test with its reason. ARGS adds
 # pytest options, TESTS picks files. Bytecode caches are written even where the environment says

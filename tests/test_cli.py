@@ -110,6 +110,7 @@ def test_make_train_takes_a_config_by_name_once(tmp_path):
     (run / "config.toml").write_text("")
     assert "--config" not in command()
     assert command("CONFIG=gpu").endswith("--config gpu")
+    assert command("PORT=5790").endswith("--port 5790") and "--port" not in command()
 
 
 @needs_venv

@@ -286,13 +286,19 @@ class _Started:
 
 def test_run_and_a_worker(tmp_path, torch_installed):
     # The documented defaults, but free ports, not 5780-5782: another run (or test) may hold those.
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.toml").write_text(
-        '[daemon]\nendpoint = "tcp://127.0.0.1:*"\npublish = "tcp://127.0.0.1:*"\nfetch = "tcp://127.0.0.1:*"\n')
-    daemon = _Started(TRAIN + ["run", "run"], tmp_path)
+    daemon = _Started(TRAIN + ["run", "run", "--port", "auto"], tmp_path)
     try:
         daemon.wait_for("serving")
         endpoint = json.loads((tmp_path / "run" / "daemon.json").read_text())["endpoint"]
+        # A second run on the first one's ports is told whose they are and how to choose others, at once.
+        port = endpoint.rsplit(":", 1)[1]
+        second = subprocess.run(TRAIN + ["run", "second", "--port", port], capture_output=True, text=True,
+                                cwd=tmp_path, env=_env(), timeout=DEADLINE_S)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "Address already in use" in second.stderr and \
+            f"held by the cyzero run in {tmp_path / 'run'} (pid {daemon.proc.pid})" in second.stderr and \
+            "--port auto" in second.stderr, second.stderr[-2000:]
+        assert not (tmp_path / "second" / "checkpoints").exists()   # it stopped before making generation 0
         worker = _Started(TRAIN + ["worker", "--connect", endpoint, "--games", "2"], tmp_path)
         try:
             worker.wait_for("playing 2 games")

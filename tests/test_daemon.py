@@ -803,3 +803,18 @@ def test_held_back_lines_are_counted_after_a_quiet_spell_not_only_at_the_next_on
     assert lines == ["bad 0", "bad 1", "(3 more such lines held back)"]
     limited.flush()
     assert len(lines) == 3
+
+
+def test_port_gives_the_daemon_three_ports_and_auto_free_ones():
+    """`make train` beside another run stopped on a taken port, with no way but editing RUN/config.toml."""
+    from trainer.config import load_named_config
+    from trainer.daemon import on_ports
+
+    config = load_named_config("cpu")
+    d = on_ports(config, "5790").daemon
+    assert (d.endpoint, d.publish, d.fetch) == ("tcp://127.0.0.1:5790", "tcp://127.0.0.1:5791", "tcp://127.0.0.1:5792")
+    d = on_ports(config.replace(daemon={"endpoint": "tcp://0.0.0.0:5780"}), "auto").daemon
+    assert (d.endpoint, d.publish, d.fetch) == ("tcp://0.0.0.0:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    for bad in ("57x", "0", "65534"):
+        with pytest.raises(ValueError, match="--port"):
+            on_ports(config, bad)

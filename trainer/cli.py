@@ -214,6 +214,10 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--learner-devices", default=None,
                      help="the learner's devices: cpu:N or cuda:0,1,... (default: daemon.learner_devices); "
                           "none: no learner here (it runs elsewhere, writing into the same run folder)")
+    run.add_argument("--port", metavar="PORT", default=None,
+                     help="the daemon's ports: PORT for workers, PORT+1 for announcements (an engine's "
+                          "TrainerEndpoint), PORT+2 for network fetches (default: daemon.endpoint, publish and "
+                          "fetch, 5780-5782); auto: free ones, named in the log and RUN/daemon.json")
     run.add_argument("--init-from", metavar="FILE", default=None,
                      help="a new run starts from this network (generation 0): an lc0 weights file (.pb.gz, .pb), "
                           "a cyzero fp32 ONNX export or a cyzero checkpoint; its shape replaces the config's "
@@ -669,7 +673,7 @@ def run_main(args: argparse.Namespace) -> int:
 
     return run_daemon(args.run_dir, config=args.config, devices=args.devices,
                       workers_per_device=args.workers_per_device, learner_devices=args.learner_devices,
-                      simulate_gpu=args.simulate_gpu, init_from=args.init_from)
+                      simulate_gpu=args.simulate_gpu, init_from=args.init_from, port=args.port)
 
 
 def worker_main(args: argparse.Namespace) -> int:

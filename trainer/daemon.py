@@ -136,6 +136,71 @@ def check_bind(endpoints: Sequence[str], keys: str) -> None:
                              "daemon.keys")
 
 
+def on_ports(config: TrainConfig, port: str) -> TrainConfig:
+    """``config`` with the daemon's three sockets (endpoint, publish, fetch) on PORT, PORT+1 and PORT+2,
+    each keeping its host; ``auto``: on free ports, which RUN/daemon.json and the log then name."""
+    d = config.daemon
+    if port == "auto":
+        ports = ["*"] * 3
+    else:
+        try:
+            base = int(port)
+        except ValueError:
+            raise ValueError(f"--port {port!r}: a port number (it and the next two are used) or auto") from None
+        if not 1 <= base <= 65533:
+            raise ValueError(f"--port {base}: between 1 and 65533 (it and the next two are used)")
+        ports = [str(base + i) for i in range(3)]
+    endpoints = {}
+    for name, port_ in zip(("endpoint", "publish", "fetch"), ports):
+        current = getattr(d, name)
+        if _host(current) is None:
+            raise ValueError(f"--port: daemon.{name} is {current}, not a tcp:// endpoint")
+        endpoints[name] = f"{current.strip().rsplit(':', 1)[0]}:{port_}"
+    return config.replace(daemon=endpoints)
+
+
+def port_in_use(endpoints: Sequence[str], error: zmq.ZMQError) -> str:
+    """For a bind that failed because a port is taken: who holds it (another cyzero run: its folder),
+    the first of ``endpoints`` that is held, and how to choose other ports. Empty for any other failure."""
+    if error.errno != zmq.EADDRINUSE:
+        return ""
+    ports = [int(m.group(1)) for m in (re.fullmatch(r"tcp://.+:([0-9]+)", e.strip()) for e in endpoints) if m]
+    holder = next((h for h in map(_port_holder, ports) if h), "")
+    return (f"{holder}. Give this run other ports: `cyzero-train run RUN --port 5790` (5790, 5791 and 5792; with "
+            "make: make train PORT=5790), --port auto for free ones, or daemon.endpoint, publish and fetch "
+            "in RUN/config.toml")
+
+
+def _port_holder(port: int) -> str:
+    """``": held by the cyzero run in FOLDER (pid N)"``, ``": held by NAME (pid N)"``, or "" where the
+    holder cannot be seen (no psutil, another user's process)."""
+    try:
+        import psutil
+
+        pids = {c.pid for c in psutil.net_connections(kind="inet")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid}
+        for pid in sorted(pids):
+            process = psutil.Process(pid)
+            run = _run_folder_of(process.cmdline(), process.cwd())
+            if run is not None:
+                return f": held by the cyzero run in {run} (pid {pid})"
+            return f": held by {process.name()} (pid {pid})"
+    except Exception:  # noqa: BLE001 - naming the holder is a courtesy; the error stands without it
+        pass
+    return ""
+
+
+def _run_folder_of(cmdline: Sequence[str], cwd: str) -> Optional[str]:
+    """The run folder of a ``cyzero-train run RUN`` command line (None for any other command), checked
+    against that folder's daemon.json."""
+    words = list(cmdline)
+    for i, word in enumerate(words[:-1]):
+        if word == "run" and any(w.endswith(("cyzero-train", "trainer.cli")) for w in words[:i]):
+            folder = os.path.normpath(os.path.join(cwd, words[i + 1]))
+            return folder if os.path.exists(os.path.join(folder, DAEMON_FILE)) else None
+    return None
+
+
 def machine_addresses() -> list[str]:
     """This machine's addresses another machine may reach it at (not loopback), best first: the
     one the default route leaves from, the host name's own, then the host name itself."""
@@ -583,6 +648,7 @@ class Daemon:
         from trainer.replay import ReplayStore
 
         self._openings = self._resolve_openings()
+        self._bind()  # first: a port that is taken stops the start before generation 0 is made
         self._initialize(initialize_run)
         self._store = ReplayStore(self.run_dir, self.config.model.input_format)
         self._stored = _RecentIds(self._stored.limit, self._store.newest_game_ids(self._stored.limit))
@@ -590,7 +656,6 @@ class Daemon:
             if entry.source == "selfplay":
                 self._games_total += entry.games
                 self._positions_total += entry.positions
-        self._bind()
         self._restore_published()
         try:  # what every worker gets must be sendable: a bad [selfplay] or opening is the config's fault
             wire.encode(self._registered())
@@ -683,13 +748,14 @@ class Daemon:
         try:
             router.bind(d.endpoint)
         except zmq.ZMQError as e:
-            raise ValueError(f"cannot bind daemon.endpoint {d.endpoint}: {e}") from None
+            raise ValueError(f"cannot bind daemon.endpoint {d.endpoint}: {e}{port_in_use([d.endpoint], e)}") from None
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         try:
             self._announcer = Announcer(d.publish, fetch_endpoint=d.fetch, server_keys=server_keys,
                                         context=self._ctx, log=self._fetch_log)
         except zmq.ZMQError as e:
-            raise ValueError(f"cannot bind daemon.publish {d.publish} or daemon.fetch {d.fetch}: {e}") from None
+            raise ValueError(f"cannot bind daemon.publish {d.publish} or daemon.fetch {d.fetch}: "
+                             f"{e}{port_in_use([d.publish, d.fetch], e)}") from None
         self.publish = self._announcer.endpoint
         self.fetch = self._announcer.fetch_endpoint or ""
 
@@ -1201,10 +1267,12 @@ def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainC
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
                devices: Optional[str] = None, workers_per_device: Optional[int] = None,
                learner_devices: Optional[str] = None, log: Optional[Log] = None,
-               simulate_gpu: bool = False, init_from: Optional[str | os.PathLike] = None) -> int:
+               simulate_gpu: bool = False, init_from: Optional[str | os.PathLike] = None,
+               port: Optional[str] = None) -> int:
     """``cyzero-train run``: serve the run until SIGINT/SIGTERM (a second one kills the children at once).
 
     ``init_from`` (``--init-from``): ``train.init_from``, the network a new run starts from.
+    ``port`` (``--port``): the daemon's three ports, from a number or ``auto`` (:func:`on_ports`).
     Returns the exit code: 0 after a clean stop, 2 for bad input (one line on ``log``)."""
     run_dir = os.path.abspath(os.fspath(run_dir))
     early = log or _stderr  # until the run is taken, errors create nothing (no RUN/logs)
@@ -1220,6 +1288,8 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
         resolved = _resolve_config(run_dir, config)
         if init_from:
             resolved = resolved.replace(train={"init_from": os.path.abspath(os.path.expanduser(os.fspath(init_from)))})
+        if port is not None:
+            resolved = on_ports(resolved, port)
         daemon = Daemon(run_dir, resolved, devices=devices,
                         workers_per_device=workers_per_device, learner_devices=learner_devices, log=log,
                         simulate_gpu=simulate_gpu,
