@@ -206,6 +206,26 @@ def test_plot_draws_the_store_before_the_learner_logs(tmp_path, capsys):
             ("linear", ["selfplay_games_per_hour"])}
 
 
+def test_games_per_hour_count_from_the_first_chunk_on(tmp_path, drawn):
+    """One chunk of 8 games read as 28,800 games/h (its games over a floor of one second), and two
+    chunks 15 s apart as 3,840 (16 games in 15 s, the first chunk's games played before it): the
+    rate counts the games after the first chunk, over the time since it."""
+    from trainer.report import plot_run
+
+    true = 8 * 3600 / 15  # 8 games a chunk, a chunk every 15 s
+    for n in (1, 2, 9):
+        drawn.clear()
+        plot_run(plotted_run(tmp_path / str(n), n), tmp_path / str(n) / "plots")
+        bottom = drawn["data"].axes[1]
+        rates = [y for line in bottom.get_lines() for y in line.get_ydata()]
+        if n == 1:
+            assert rates == [] and "a rate needs the next" in bottom.texts[0].get_text()
+        elif n == 2:
+            assert rates == [true]
+        else:  # binned by the minute, chunks on the bins' edges: near the true rate, not a multiple of it
+            assert rates and all(0.7 * true < r < 1.3 * true for r in rates), rates
+
+
 def test_read_jsonl_skips_garbage_lines(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_text('{"a": 1}\nnot json\n[1, 2]\n{"a": 2}\n{"a":')
@@ -674,3 +694,91 @@ def test_while_the_learner_exports_status_says_so_not_that_the_generation_is_sti
     assert "  training    step 100: writing its checkpoint and exporting generation 1 (as of 1 s ago)" in text
     assert "next gen" not in text and status["next_generation"] is None
     assert display_lines(status)[1].startswith("learner    step 100, 32 samples/s, exporting generation 1")
+
+
+def plotted_run(tmp_path, n: int) -> str:
+    """A run with ``n`` points in every chart plot draws, as ten minutes into `make train`: ``n``
+    learner lines from step 14 or 15 and generation 0 exported at step 0 (a point of its own in
+    the throughput chart), ``n`` replay chunks 15 s apart, ``n`` gates (the first a draw-only match:
+    Elo 0, no interval) and ``n`` rated generations (the first at 0 hours and 0 games)."""
+    run = tmp_path / f"run-{n}"
+    (run / "replay").mkdir(parents=True)
+    steps = [15] if n == 1 else range(14, 14 + 2 * n, 2)
+    rows = [{"step": s, "time": 1.0 * s, "loss_total": 8.0 - s / 100, "val_total": 8.1 - s / 100,
+             "loss_policy": 6.0 - s / 100, "val_policy_ce": 6.1 - s / 100, "loss_value": 1.0, "val_value_ce": 1.1,
+             "loss_moves_left": 0.5, "val_moves_left": 0.6, "val_policy_top1": 0.05 + s / 1000, "lr": 0.002,
+             "grad_norm": 3.0 + s / 100, "samples_per_s": 35.0, "loader_samples_per_s": 50.0,
+             "loader_wait_share": 0.0, "window": 1700 + 10 * s, "mystery": 1} for s in steps]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "generations.jsonl").write_text("".join(json.dumps({"generation": g, "step": 50 * g}) + "\n"
+                                                   for g in range((max(steps) // 50) + 1)))
+    (run / "replay" / "manifest.jsonl").write_text("".join(
+        _chunk_line(f"selfplay-g00000-{k:04d}.gz", 100, 8, 0, 1000.0 + 15 * k) for k in range(n)))
+    (run / "gating.jsonl").write_text("".join(json.dumps(
+        {"generation": g, "best": g - 1, "accepted": g % 2 == 1, "elo": 0.0 if g == 1 else 20.0 * g,
+         "elo_error": None if g == 1 else 60.0}) + "\n" for g in range(1, n + 1)))
+    curve = [{"generation": g, "elo": 60.0 * g - 30, "low": 60.0 * g - 130, "high": 60.0 * g + 70, "games": 20,
+              "hours": 0.4 * g, "selfplay_games": 120 * g} for g in range(n)]
+    players = {"random": {"elo": 0.0, "low": 0.0, "high": 0.0, "games": 40},
+               "sf-skill0": {"elo": 900.0, "low": 800.0, "high": 1000.0, "games": 20}}
+    (run / "ratings.json").write_text(json.dumps({"anchor": "random", "nodes": 64, "time": 1.0, "players": players,
+                                                  "generations": curve}))
+    return str(run)
+
+
+#: x axes by label: (shortest readable span, whole-number ticks). Every x axis counts something
+#: never negative (steps, generations, games, time); one not named here needs no more than to hold
+#: its points.
+_X_AXES = {"learner step": (2, True), "generation": (2, True),
+           "self-play games played before the generation": (2, True),
+           "hours since generation 0": (0.25, False), "seconds since the first chunk": (10, False)}
+
+
+def _marked(ax) -> np.ndarray:
+    """The (x, y) of every point a panel draws with a marker: its data, error bars' caps included."""
+    return np.array([(x, y) for line in ax.get_lines() if line.get_marker() not in ("None", "")
+                     for x, y in zip(line.get_xdata(), line.get_ydata())]).reshape(-1, 2)
+
+
+def _whole_ticks(ticks, limits) -> bool:
+    shown = [t for t in ticks if limits[0] <= t <= limits[1]]
+    return len(shown) >= 2 and all(t == round(t) for t in shown)
+
+
+@pytest.mark.parametrize("n", [1, 2, 40])
+def test_every_chart_shows_its_points_on_a_readable_span_from_the_first_one(tmp_path, drawn, n):
+    """Ten minutes into a run throughput.png had three empty panels, their shared x axis
+    -1..1 from the one point of "generation exported" (step 0) hiding the lines at steps 14-16;
+    elo.png with one rated generation spanned -0.04..0.04 hours and games. Every panel, with 1, 2
+    and 40 points: each point well inside its limits, the axis a readable span (whole numbers for
+    steps, games and generations), counts not far below 0."""
+    from trainer.report import plot_run
+
+    plot_run(plotted_run(tmp_path, n), tmp_path / "plots")
+    assert sorted(drawn) == ["data", "elo", "gating", "grad_norm", "learning_rate", "loss", "other", "throughput",
+                             "validation"]
+    unreadable = []
+    for name, fig in drawn.items():
+        for ax in (a for a in fig.axes if a.get_visible()):
+            (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+            where = f"{name}.png, {ax.get_title() or ax.get_ylabel()!r} (x {x0:g}..{x1:g}, y {y0:g}..{y1:g})"
+            points = _marked(ax)
+            inside = (ax.transData + ax.transAxes.inverted()).transform(points)  # 0..1 across the panel
+            if not len(points) and not [t for t in ax.texts if t.get_text()]:
+                unreadable.append(f"{where}: no point, and no word why")
+            if not ((inside > 0.01) & (inside < 0.99)).all():
+                unreadable.append(f"{where}: points {points.tolist()} not inside")
+            siblings = ax.get_shared_x_axes().get_siblings(ax)  # the panels below it share its x
+            least, whole = _X_AXES.get(next((a.get_xlabel() for a in siblings if a.get_xlabel()), ""), (0, False))
+            if x1 - x0 < least or x0 < -0.1 * (x1 - x0):
+                unreadable.append(f"{where}: x too narrow or below 0")
+            if least and len({x for a in siblings for x in _marked(a)[:, 0]}) == 1 and x1 - x0 > 10 * least:
+                unreadable.append(f"{where}: one x, and a wide span around it")
+            if whole and not _whole_ticks(ax.get_xticks(), (x0, x1)):
+                unreadable.append(f"{where}: not two whole-number ticks on x: {ax.get_xticks()}")
+            # elo.png's right panel shares the left one's y and label
+            if "Elo" in ax.get_ylabel() + fig.axes[0].get_ylabel() and y1 - y0 < 50:
+                unreadable.append(f"{where}: Elo too narrow")
+            if ax.get_ylabel() == "generation" and not _whole_ticks(ax.get_yticks(), (y0, y1)):
+                unreadable.append(f"{where}: not two whole-number ticks on y: {ax.get_yticks()}")
+    assert not unreadable, "\n".join(unreadable)

@@ -818,6 +818,10 @@ _CHARTS = (
     )),
 )
 _SPANS_DECADES = 30.0  # a panel's values this far apart (all positive): log scale
+_COUNT_SPAN = 4     # an axis of steps, games or generations spans at least this many: a few whole numbers
+_ELO_SPAN = 100.0   # an Elo axis spans at least this many
+_HOURS_SPAN = 0.5   # elo.png's hours axis spans at least half an hour
+_TIME_SPAN = 60.0   # data.png's time axis spans at least a minute (its shortest games/h bin)
 
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[str]:
@@ -897,7 +901,9 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
                 ax.errorbar([g["generation"] for g in chosen_gates], [g["elo"] for g in chosen_gates],
                             yerr=[g["elo_error"] or 0.0 for g in chosen_gates], capsize=3, linestyle="none",
                             **style)
-        _integer_x(ax)
+        _readable_span(ax, "x", [g["generation"] for g in gates], _COUNT_SPAN, integer=True)
+        _readable_span(ax, "y", [0.0] + [g["elo"] + sign * (g["elo_error"] or 0.0) for g in gates for sign in (-1, 1)],
+                       _ELO_SPAN)
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_xlabel("generation")
         ax.set_ylabel("Elo against the best (± error)")
@@ -924,17 +930,30 @@ def _describe(fig) -> str:
     return "\n".join(lines)
 
 
-def _integer_x(ax) -> None:
+def _readable_span(ax, axis: str, values: Sequence[float], least: float, *, integer: bool = False) -> None:
+    """Give ``ax``'s ``axis`` ("x" or "y") at least ``least`` around ``values``, all its points (those
+    of every panel sharing it): on its own matplotlib draws one point, or a few close together, on a
+    sliver (-0.04..0.04 hours) that reads as an empty panel. A span that would reach
+    below 0 from points that do not starts just below 0: steps, games and hours are never negative.
+    ``integer``: whole-number ticks (steps, games, generations)."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    if integer:
+        getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    low, high = min(values), max(values)
+    if (high - low) * 1.1 >= least:
+        return  # matplotlib's own limits, the points and a 5% margin, are wide enough
+    start = (low + high - least) / 2
+    if start < 0 <= low:
+        start = -least / 20
+    getattr(ax, f"set_{axis}lim")(start, start + least)
 
 
 def _style_y(ax, values: Sequence[float], *, integer: bool = False, log: bool | None = None) -> None:
     """Log scale when the values (all positive) span decades (``log`` forces either); plain
     numbers everywhere, with thousands separators and as many decimals as the ticks' spacing needs
     (no offset or 1e6 factor a reader must apply)."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     positive = [v for v in values if v > 0]
     if log is None:
@@ -945,10 +964,9 @@ def _style_y(ax, values: Sequence[float], *, integer: bool = False, log: bool | 
         ax.yaxis.set_minor_formatter(NullFormatter())
         return
     if integer:
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-
-    if integer and values and max(values) - min(values) < 2:
-        ax.set_ylim(min(values) - 0.5, max(values) + 0.5)  # a flat count still gets whole-number ticks
+        _readable_span(ax, "y", values, _COUNT_SPAN, integer=True)
+    elif values and min(values) == max(values) == 0:
+        ax.set_ylim(-0.05, 1.0)  # all zero so far (a share, a wait): an axis from 0 up, not -0.05..0.05
 
     def plain(v, _):
         locs = sorted(set(ax.yaxis.get_majorticklocs()))
@@ -988,13 +1006,12 @@ def _panels(plt, heading: str, panels: list, xlabel: str):
         ax.set_title(panel_title, fontsize=10, **({"color": "tab:red"} if found is not None else {}))
         ax.set_ylabel(ylabel)
         _style_y(ax, values, integer=ylabel == "generation")
-        steps = [x for _, _, points in lines for x, _ in points]
-        if max(steps) - min(steps) < 4:  # a few steps only: whole steps on the axis around them
-            ax.set_xlim(min(steps) - 1, max(steps) + 1)
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=8)
-        _integer_x(ax)
+    # the panels share x: one span from every panel's steps, so that none hides another's points
+    _readable_span(flat[0], "x", [x for _, _, lines in panels for _, _, points in lines for x, _ in points],
+                   _COUNT_SPAN, integer=True)
     for ax in flat[n:]:
         ax.set_visible(False)
     for ax in flat[max(0, n - cols):n]:
@@ -1036,6 +1053,7 @@ def _data_chart(plt, chunks: list[Chunk], title: str, val_percent: float):
                   else ("seconds", 1.0))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), dpi=100, sharex=True)
     ordered = sorted(chunks, key=lambda c: c.time)
+    times = [(c.time - start) / size for c in ordered]
     values: list[float] = []
     for source in sorted({c.source for c in ordered}):
         xs, ys, total = [], [], 0
@@ -1049,40 +1067,56 @@ def _data_chart(plt, chunks: list[Chunk], title: str, val_percent: float):
         values += ys
     held = list(itertools.accumulate(c.positions if is_validation(c.name, val_percent) else 0 for c in ordered))
     if any(held):
-        top.plot([(c.time - start) / size for c in ordered], held, marker="o", markersize=3 if len(held) < 200 else 1,
-                 linewidth=1.2, color="tab:red", label="held out for validation (all sources)",
-                 gid="positions:validation")
+        top.plot(times, held, marker="o", markersize=3 if len(held) < 200 else 1, linewidth=1.2, color="tab:red",
+                 label="held out for validation (all sources)", gid="positions:validation")
     top.set_title("positions in the replay store", fontsize=10)
     top.set_ylabel("positions")
     _style_y(top, values, log=False)  # a running total: its growth reads best on a linear scale
     top.grid(alpha=0.3)
     top.legend(fontsize=8)
     games = [c for c in ordered if c.source == "selfplay"]
-    if games:
+    # A rate counts the games finished after the first self-play chunk, from its time on: the first
+    # chunk's own games took a time before it that no chunk records (counted, one chunk of 8 games
+    # read as 28,800 games/h).
+    counted = games[1:]
+    if counted:
         width = max(span / 40, 60.0)  # ~40 bins, none shorter than a minute
+        origin, end = games[0].time - start, counted[-1].time - start
         bins: dict[int, int] = {}
-        for c in games:
+        for c in counted:
             bins[int((c.time - start) // width)] = bins.get(int((c.time - start) // width), 0) + c.games
-        first, last = min(bins), max(bins)
-        end = max(c.time for c in games) - start
-        spans = {k: (k * width, width) for k in range(first, last + 1)}
-        # the last bin lasts only up to the newest game, so its rate is over that part; one shorter
-        # than half a bin joins the bin before (a few seconds' count would be noise)
-        spans[last] = (last * width, max(end - last * width, 1.0))
-        if last > first and spans[last][1] < width / 2:
-            bins[last - 1] = bins.get(last - 1, 0) + bins.pop(last)
-            spans[last - 1] = ((last - 1) * width, width + spans.pop(last)[1])
+        first, last = int(origin // width), max(bins)
+
+        def within(k: int) -> tuple[float, float]:
+            """Bin k's start and length, from the first chunk up to the newest game at the ends."""
+            begin = max(k * width, origin)
+            return begin, max(min((k + 1) * width, end) - begin, 1.0)
+
+        spans = {k: within(k) for k in range(first, last + 1)}
+        # a first or last bin shorter than half a bin joins its neighbour (a few seconds' count is noise)
+        for short, into in ((last, last - 1), (first, first + 1)):
+            if len(spans) > 1 and short in spans and spans[short][1] < width / 2:
+                bins[into] = bins.get(into, 0) + bins.pop(short, 0)
+                begin = min(spans[into][0], spans[short][0])
+                spans[into] = (begin, spans[into][1] + spans.pop(short)[1])
+        spans = dict(sorted(spans.items()))
         centres = [(begin + seconds / 2) / size for begin, seconds in spans.values()]
         rates = [bins.get(k, 0) * 3600.0 / seconds for k, (_, seconds) in spans.items()]
         bottom.plot(centres, rates, marker="o", markersize=3, linewidth=1.2, color="tab:green",
                     label="selfplay games/h", gid="selfplay_games_per_hour")
+        times = times + centres  # a new list: the held-out line drew the one before
         bottom.set_title(f"self-play games finished per hour (in {_duration(width)} bins; games in play not counted)",
                          fontsize=10)
         _style_y(bottom, rates, log=False)
         bottom.set_ylim(bottom=0)
+    elif games:
+        bottom.text(0.5, 0.5, f"{games[0].games:,} self-play games in the first chunk: a rate needs the next",
+                    ha="center", va="center", transform=bottom.transAxes)
+        bottom.set_title("self-play games per hour", fontsize=10)
     else:
         bottom.text(0.5, 0.5, "no self-play games yet", ha="center", va="center", transform=bottom.transAxes)
         bottom.set_title("self-play games per hour", fontsize=10)
+    _readable_span(top, "x", times, _TIME_SPAN / size)
     bottom.set_ylabel("games/h")
     bottom.set_xlabel(f"{unit} since the first chunk")
     bottom.grid(alpha=0.3)
@@ -1097,13 +1131,15 @@ def _elo_chart(plt, ratings: dict, title: str):
     Stockfish's levels as dashed lines, so that two runs' curves can be laid side by side."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100, sharey=True)
     curve = ratings["generations"]
-    for ax, key, label in ((axes[0], "hours", "hours since generation 0"),
-                           (axes[1], "selfplay_games", "self-play games played before the generation")):
+    for ax, key, label, least in ((axes[0], "hours", "hours since generation 0", _HOURS_SPAN),
+                                  (axes[1], "selfplay_games", "self-play games played before the generation",
+                                   _COUNT_SPAN)):
         points = [c for c in curve if c[key] is not None]
         if points:
             ax.errorbar([c[key] for c in points], [c["elo"] for c in points],
                         yerr=[[c["elo"] - c["low"] for c in points], [c["high"] - c["elo"] for c in points]],
                         fmt="o-", capsize=3, color="tab:blue", label="generations")
+            _readable_span(ax, "x", [c[key] for c in points], least, integer=key == "selfplay_games")
         for name, anchor in sorted(ratings["anchors"].items()):
             if name.startswith("sf-"):
                 ax.axhline(anchor["elo"], color="tab:red", linestyle="--", linewidth=0.8)
@@ -1112,6 +1148,8 @@ def _elo_chart(plt, ratings: dict, title: str):
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    _readable_span(axes[0], "y", [0.0] + [c[k] for c in curve for k in ("low", "high")]
+                   + [a["elo"] for name, a in ratings["anchors"].items() if name.startswith("sf-")], _ELO_SPAN)
     axes[0].set_ylabel("Elo (random mover 0, ± 95%)")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{title}: the strength ladder at {_opt(ratings['nodes'])} nodes a move")
