@@ -57,7 +57,8 @@ class NetworkManager:
         How every network is built (:class:`engine.weights.NetworkBuilder`).
     log
         Called (from any thread) with one line for the user: loads, swaps,
-        refusals, dropped messages.  The UCI layer prints them as ``info string``.
+        refusals, dropped messages.  The UCI layer prints them as ``info string``
+        when the engine may speak (``uci.session.Floor``: between commands they wait).
     endpoint, keys
         A ``TrainerEndpoint`` to follow at once, and the ``TrainerKeys`` for it
         (see :meth:`set_endpoint`, :meth:`set_trainer_keys`).

@@ -3,7 +3,7 @@
 Each runs on its own daemon thread and hands :class:`engine.swap.Proposal`
 objects to a :class:`engine.swap.NetworkSwap`; neither loads nor swaps
 anything itself.  ``log`` is called from their threads, so it must be
-thread-safe (the UCI writer is).
+thread-safe (the UCI session's is: ``uci.session.Floor``).
 
 * :class:`WeightsFileWatcher` stats the file every ``poll_interval`` seconds
   (mtime_ns, size, inode, and the same for its ``.sha256`` side file).  When

@@ -131,7 +131,7 @@ def test_the_engine_plays_a_network_of_another_format_and_says_which(tmp_path):
     path = tmp_path / "net.pb.gz"
     write_lc0(str(path), Lc0Spec(se=True, input_format=4, moves_left=True))
     with UciEngine(options={"WeightsFile": str(path)}) as eng:
-        said = " ".join(text for _, text in eng.lines if text.startswith("info string"))
+        said = " ".join(eng.remarks())
         assert "canonical with hectoplies input" in said, said
         board = chess.Board("8/8/3k4/8/8/8/3P4/2K5 w - - 30 60")    # a flipped, pawned position
         eng.position(board)

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -358,22 +359,31 @@ def test_a_replaced_lc0_file_is_swapped_in_between_moves(tmp_path):
         write_lc0(str(weights), Lc0Spec(seed=2, se=True))
         with open(weights, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        deadline = 60.0
-        eng.until(lambda text: digest[:12] in text and "verified" in text, timeout=deadline)
-        eng.send("go nodes 20")
-        lines = eng.until("bestmove", timeout=deadline)
-        switched = [text for text in lines if text.startswith("info string switched to network")]
-        assert switched and digest[:12] in switched[0] and "lc0 network 2x16 SE" in switched[0]
-        assert lines[-1].split()[1] != "0000"
+        # The watcher's news is said as a search begins (uci.session.Floor): search until it is.
+        said = _searched_until(eng, lambda text: text.startswith("info string switched to network"))
+        switched = [text for text in said if text.startswith("info string switched to network")]
+        assert any(digest[:12] in text and "verified" in text for text in said), said
+        assert digest[:12] in switched[0] and "lc0 network 2x16 SE" in switched[0]
         # A damaged file in its place is refused by name, and the network in use is kept.
         with open(weights, "rb") as f:
             write_bytes(str(weights), truncated(f.read()), gz=False)
-        eng.until(lambda text: "refused network" in text and "corrupt or truncated" in text
-                  and digest[:12] in text, timeout=deadline)
-        eng.send("go nodes 20")
-        lines = eng.until("bestmove", timeout=deadline)
-        assert lines[-1].split()[1] != "0000" and not any("switched" in text for text in lines)
+        said = _searched_until(eng, lambda text: "refused network" in text and "corrupt or truncated" in text
+                               and digest[:12] in text)
+        assert not any("switched" in text for text in said)
         assert not eng.bad
+
+
+def _searched_until(eng: UciEngine, wanted, timeout: float = 60.0) -> list[str]:
+    """The lines of one-node searches, one after another, until one of them is ``wanted``; every
+    search plays a move."""
+    deadline = time.monotonic() + timeout
+    said: list[str] = []
+    while not any(wanted(text) for text in said):
+        assert time.monotonic() < deadline, said
+        lines, best = eng.go("nodes 1", timeout)
+        assert best.split()[1] != "0000", lines
+        said += lines
+    return said
 
 
 def test_an_lc0_file_on_a_gpu_gets_one_session_per_fixed_size(tmp_path):

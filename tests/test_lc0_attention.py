@@ -307,15 +307,17 @@ def test_the_uci_options_choose_the_heads_and_a_missing_one_is_named(tmp_path):
     weights = tmp_path / "bt.pb.gz"
     shutil.copy(BODY_MULTIHEAD.need().pb, weights)
     with UciEngine(options={"WeightsFile": str(weights)}) as eng:
-        said = " ".join(text for _, text in eng.lines if text.startswith("info string"))
+        said = " ".join(eng.remarks())
         assert "head vanilla of vanilla/optimistic" in said and "head winner of winner/q/st" in said, said
         eng.setoption("ValueHead", "q")
         eng.setoption("PolicyHead", "optimistic")
-        switched = [line for line in eng.isready(timeout=60) if "switched to network" in line]
+        assert eng.isready(timeout=60) == []          # built: said as the next search begins
+        switched = [line for line in eng.remarks(timeout=60) if "switched to network" in line]
         assert len(switched) == 1 and "head q of winner/q/st" in switched[0], switched
         assert "head optimistic of vanilla/optimistic" in switched[0]
         eng.setoption("ValueHead", "nope")
-        refused = eng.isready(timeout=60)
+        eng.isready(timeout=60)
+        refused = eng.remarks(timeout=60)
         assert any("no value head named 'nope'" in line and "winner, q, st" in line for line in refused), refused
         eng.send("position startpos")
         lines, best = eng.go("nodes 30")

@@ -55,6 +55,12 @@ class Engine:
     def info_strings(self, lines: list[str]) -> list[str]:
         return [line[len("info string "):] for line in lines if line.startswith("info string ")]
 
+    def remarks(self) -> list[str]:
+        """What the engine had to say since its last search: it says it as a search's output begins
+        (uci.session.Floor), so a one-node search reads it."""
+        self.session.handle("position startpos")
+        return self.info_strings(self.send("go nodes 1", until="bestmove"))
+
     def close(self) -> None:
         self.session.close()
 
@@ -75,22 +81,21 @@ def searched_legal_move(lines: list[str]) -> str:
 
 @pytest.mark.parametrize("junk", ["missing", "truncated"])
 def test_a_broken_weights_file_keeps_the_network_that_was_loaded(tmp_path, eng, junk):
-    said = eng.info_strings(eng.send("isready"))
-    assert said == [f"loaded network default.int8.onnx sha256:{CPU_DEFAULT_SHA[:12]} CPU int8 {bundled_size()}, "
-                    "float32 io"]
+    assert eng.send("isready") == ["readyok"]      # loads the network, and says so at the search
+    assert eng.remarks() == [f"loaded network default.int8.onnx sha256:{CPU_DEFAULT_SHA[:12]} CPU int8 "
+                             f"{bundled_size()}, float32 io"]
     path = tmp_path / "net.onnx"
     if junk == "truncated":
         path.write_bytes(B[: len(B) // 3])
         reason = f"WeightsFile {path}: not an ONNX model, or a truncated or corrupt one (protobuf parsing failed)"
     else:
         reason = f"WeightsFile not found: {path}"
-    lines = eng.send(f"setoption name WeightsFile value {path}")
-    assert lines == [f"info string {reason}; keeping network default.int8.onnx (sha256 {CPU_DEFAULT_SHA[:12]}...)",
-                     "readyok"]
+    assert eng.send(f"setoption name WeightsFile value {path}") == ["readyok"]
     eng.send("position startpos")
     lines = eng.send("go nodes 30", until="bestmove")
+    assert lines[0] == f"info string {reason}; keeping network default.int8.onnx (sha256 {CPU_DEFAULT_SHA[:12]}...)"
     assert not [line for line in lines if "error" in line] and searched_legal_move(lines)
-    assert eng.send("isready") == ["readyok"]  # said once
+    assert eng.send("isready") == ["readyok"] and eng.remarks() == []  # said once
 
 
 def test_without_any_network_isready_says_so(tmp_path):
@@ -101,7 +106,8 @@ def test_without_any_network_isready_says_so(tmp_path):
         assert eng.send("isready") == [error, "readyok"]
         assert eng.send("isready") == [error, "readyok"]
         missing.write_bytes(B)  # once the file is there, it is used
-        assert eng.info_strings(eng.send("isready"))[0].startswith("loaded network missing.onnx")
+        assert eng.send("isready") == ["readyok"]
+        assert eng.remarks()[0].startswith("loaded network missing.onnx")
     finally:
         eng.close()
 
@@ -121,12 +127,14 @@ def test_without_any_network_every_go_says_so_and_plays_no_move(tmp_path):
 
 
 def test_a_trainer_endpoint_where_nothing_listens_is_reported(eng, monkeypatch):
+    """Said as the first search after the silence begins, never between commands."""
     monkeypatch.setattr(watchers, "SILENCE_S", 0.3)
-    eng.send("setoption name TrainerEndpoint value tcp://127.0.0.1:9")
+    assert eng.send("setoption name TrainerEndpoint value tcp://127.0.0.1:9") == ["readyok"]
     deadline = time.monotonic() + WAIT
-    while not [line for line in eng.lines if "no network announcement" in line]:
+    while not [line for line in eng.remarks() if "no network announcement" in line]:
         assert time.monotonic() < deadline, eng.lines
         time.sleep(0.05)
+        assert eng.lines[-1].startswith("bestmove"), eng.lines[-3:]   # nothing said after the search
     said = [line for line in eng.lines if "no network announcement" in line]
     assert said == ["info string no network announcement from TrainerEndpoint tcp://127.0.0.1:9 within 0.3 s: "
                     "is a training daemon publishing there, and does it require CurveZMQ keys (set TrainerKeys)?"]
@@ -137,14 +145,14 @@ def test_each_swap_from_the_daemon_is_reported(tmp_path, eng):
     gen1.write_bytes(B)
     with Announcer("tcp://127.0.0.1:*", interval=FAST) as daemon:
         daemon.announce(1, gen1, sha(B), run="r7")
-        lines = eng.send(f"setoption name TrainerEndpoint value {daemon.endpoint}")  # may switch at once
-        switched = [line for line in lines if "switched to network" in line]
+        eng.send(f"setoption name TrainerEndpoint value {daemon.endpoint}")
+        switched: list[str] = []
         deadline = time.monotonic() + WAIT
         while not switched:
             assert time.monotonic() < deadline, eng.lines
-            switched = [line for line in eng.send("isready") if "switched to network" in line]
+            switched = [line for line in eng.remarks() if "switched to network" in line]
             time.sleep(0.05)
-        assert switched == [f"info string switched to network gen1.onnx sha256:{sha(B)[:12]} CPU fp32 "
+        assert switched == [f"switched to network gen1.onnx sha256:{sha(B)[:12]} CPU fp32 "
                             f"{bundled_size()}, "
                             f"float32 io, generation 1, run r7; search cache cleared"]
 
@@ -155,22 +163,22 @@ def test_trainer_keys_over_uci(tmp_path, curve_daemon):
     gen1.write_bytes(B)
     with Announcer("tcp://127.0.0.1:*", interval=FAST, server_keys=server_keys, context=context) as daemon:
         daemon.announce(1, gen1, sha(B))
-        # Keys that cannot be read: said at once, naming the file; the engine still plays.
+        # Keys that cannot be read: said as the next search begins, naming the file; the engine still plays.
         bad = Engine(TrainerKeys=tmp_path, TrainerEndpoint=daemon.endpoint)
         try:
-            lines = bad.send("isready")
-            assert f"info string error: CurveZMQ key file not found: {tmp_path / 'server.key'}; " \
-                   f"not following TrainerEndpoint" in lines
+            assert bad.send("isready") == ["readyok"]
+            assert f"error: CurveZMQ key file not found: {tmp_path / 'server.key'}; " \
+                   f"not following TrainerEndpoint" in bad.remarks()
             assert bad.session.manager.endpoint is None
         finally:
             bad.close()
         good = Engine(TrainerKeys=engine_keys, TrainerEndpoint=daemon.endpoint)
         try:
-            lines = good.send("isready")
+            said = good.remarks()
             deadline = time.monotonic() + WAIT
-            while not any("generation 1" in line for line in good.info_strings(lines)):
-                assert time.monotonic() < deadline, lines
-                lines += good.send("isready")
+            while not any("generation 1" in line for line in said):
+                assert time.monotonic() < deadline, said
+                said += good.remarks()
                 time.sleep(0.05)
         finally:
             good.close()

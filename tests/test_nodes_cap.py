@@ -81,8 +81,11 @@ def test_the_option_is_declared_off_by_default():
 
 
 def _loaded_file(eng: UciEngine) -> str:
-    """The network file the engine says it loaded (``info string loaded network NAME ...``)."""
-    said = [text for _, text in eng.lines if text.startswith("info string loaded network ")]
+    """The network file the engine said it loaded (``info string loaded network NAME ...``): it says
+    so as the search after the load begins, so one is run when none has yet."""
+    loaded = "info string loaded network "
+    said = [text for _, text in eng.lines if text.startswith(loaded)] or \
+        [text for text in eng.remarks() if text.startswith(loaded)]
     assert said, f"the engine did not say which network it loaded: {info_strings([t for _, t in eng.lines])}"
     return said[-1].split()[4]
 

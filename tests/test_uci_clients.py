@@ -241,10 +241,10 @@ def test_isready_after_an_option_change_waits_for_the_reload_and_the_next_go_sea
         for name, value, reloads in [("Threads", 2, True), ("GPU", 1, False), ("Backend", "cpu", False),
                                      ("Threads", 1, True)]:
             eng.setoption(name, value)
-            said = eng.isready(timeout=60)
-            switched = [line for line in said if "switched to network" in line]
-            assert len(switched) == (1 if reloads else 0), (name, value, said)
+            assert eng.isready(timeout=60) == []        # readyok alone: the switch is said at the search
             lines, best = eng.go("movetime 300")
+            switched = [line for line in lines if "switched to network" in line]
+            assert len(switched) == (1 if reloads else 0), (name, value, lines)
             assert not [line for line in lines if "still loading" in line or "not searched" in line], lines
             assert max(parse_info(line)["nodes"] for line in lines if line.startswith("info depth")) > 1, lines
 
@@ -641,10 +641,10 @@ def test_hot_swap_during_analysis_and_a_truncated_file_refused(tmp_path):
     replacement = tmp_path / "staging" / "tiny.onnx"
     _tiny_network(str(replacement))
     with UciEngine(options={"WeightsFile": str(watched)}) as eng:
-        said = info_strings([text for _, text in eng.lines])
-        assert any("net.onnx" in line and "loaded" in line for line in said), said
         eng.send("go infinite")
         eng.until(lambda text: text.startswith("info depth"), 30)
+        said = info_strings([text for _, text in eng.lines])       # the load is said as the search begins
+        assert any("net.onnx" in line and "loaded" in line for line in said), said
         swapped_at = time.monotonic()
         os.replace(replacement, watched)                    # atomic, as trainer.atomic writes
         # The search goes on undisturbed while the new network is loaded in the background.
@@ -654,11 +654,11 @@ def test_hot_swap_during_analysis_and_a_truncated_file_refused(tmp_path):
         assert not [text for text in during if text.startswith("bestmove")]
         eng.send("stop")
         legal_bestmove(chess.Board(), eng.until("bestmove")[-1])
-        # Between searches, the next isready swaps it in and says so.
+        # Between searches, the next search swaps it in and says so.
         switched = []
         deadline = time.monotonic() + 20
         while not switched and time.monotonic() < deadline:
-            switched = [line for line in info_strings(eng.isready()) if "switched" in line]
+            switched = [line for line in info_strings(eng.go("nodes 1")[0]) if "switched" in line]
             time.sleep(0.2)
         assert switched and "net.onnx" in switched[0], switched
         lines, best = eng.go("nodes 20")
@@ -674,7 +674,7 @@ def test_hot_swap_during_analysis_and_a_truncated_file_refused(tmp_path):
         refusal = []
         deadline = time.monotonic() + 20
         while not refusal and time.monotonic() < deadline:
-            eng.isready()
+            eng.go("nodes 1")
             refusal = [text for when, text in eng.lines
                        if when > refused_at and text.startswith("info string") and "refused" in text]
             time.sleep(0.2)
@@ -778,10 +778,12 @@ def test_syzygy_path_empty_or_missing(tmp_path):
     endgame = "8/8/8/4k3/8/8/4P3/4K3 w - - 0 1"
     with UciEngine() as eng:
         eng.setoption("SyzygyPath", str(empty))
-        lines = eng.isready()
-        assert lines and all(line.startswith("info string") and "error" not in line for line in lines), lines
+        assert eng.isready() == []
         eng.send(f"position fen {endgame}")
-        legal_bestmove(chess.Board(endgame), eng.go("nodes 20")[1])
+        lines, best = eng.go("nodes 20")
+        said = info_strings(lines)
+        assert any("Syzygy" in line for line in said) and not [line for line in said if "error" in line], lines
+        legal_bestmove(chess.Board(endgame), best)
         eng.setoption("SyzygyPath", str(tmp_path / "missing"))
         lines = eng.isready()
         assert len(lines) == 1 and lines[0].startswith("info string error") and "Syzygy" in lines[0], lines

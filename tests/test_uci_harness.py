@@ -252,6 +252,15 @@ class UciEngine:
         got = self.until(lambda text: text.startswith("info string error") and marker in text, timeout)
         return got[:-1] + self.isready(timeout)
 
+    def remarks(self, timeout: float = 30.0) -> list[str]:
+        """The info strings the engine held since its last search (a network loaded or switched, a
+        file refused): it says them as a search's output begins (uci.session.Floor), so a one-node
+        search from the start position reads them."""
+        self.send("position startpos")
+        lines, _ = self.go("nodes 1", timeout)
+        return info_strings(lines[:next((i for i, text in enumerate(lines) if text.startswith("info depth")),
+                                        len(lines))])
+
     def go(self, args: str = "nodes 20", timeout: float = 30.0) -> tuple[list[str], str]:
         """Send ``go args``, wait for ``bestmove``: (lines before it, the bestmove line)."""
         self.send(f"go {args}".strip())

@@ -4,10 +4,13 @@ The reader (``run``) owns stdin and handles every command at once; ``go``
 starts the search on its own thread, whose info and best move come back
 through callbacks to the single :class:`Writer` that owns stdout. Any bad
 input gets one ``info string error: ...`` line and changes nothing else.
+What the engine says unasked (a network loaded, switched to or refused in the
+background, a book opened) waits for the next answer it may give (:class:`Floor`).
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import time
@@ -31,6 +34,9 @@ _NETWORK_OPTIONS = {"weightsfile", "backend", "gpu", "threads", "minibatchsize",
 _DEFAULT_HEADS = {"value_head": "winner", "policy_head": "vanilla"}
 # How long quit waits for a stopped search's bestmove (it comes at once; this only bounds a hang).
 _QUIT_WAIT_S = 5.0
+# Lines held between commands (the newest): an engine left idle for hours beside a trainer that
+# publishes, or a broken publisher, would otherwise open its next answer with all of them.
+_HELD_LINES = 50
 
 
 class Writer:
@@ -52,11 +58,57 @@ class Writer:
                 self.closed = True  # the GUI went away; the reader will see end of input
 
 
+class Floor:
+    """When the engine may speak unasked: only inside a search's output, up to its bestmove. A line
+    said at any other time (a network loaded at ``isready``, a reload that finished or failed after
+    a ``setoption``, a watcher's news) is held, and the held lines open the next search's output, in
+    order: a client reads a line between commands, or before ``readyok``, as part of the answer to
+    its command (python-chess: "Unexpected engine output").
+    """
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self._write = write
+        self._lock = threading.Lock()   # a line said as an answer ends is held, never written after it
+        self._answers: set[object] = set()   # each search's (a ponder's and the next may overlap)
+        self._held: collections.deque[str] = collections.deque(maxlen=_HELD_LINES)
+        self._dropped = 0
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            if self._answers:
+                self._write(line)
+                return
+            if len(self._held) == self._held.maxlen:
+                self._dropped += 1
+            self._held.append(line)
+
+    def open(self) -> object:
+        """An answer begins with the held lines; returns its token for :meth:`close`."""
+        token = object()
+        with self._lock:
+            if self._dropped:
+                self._write(f"info string {self._dropped} older lines said between commands were dropped")
+            for line in self._held:
+                self._write(line)
+            self._held.clear()
+            self._dropped = 0
+            self._answers.add(token)
+        return token
+
+    def close(self, token: object, *last: str) -> None:
+        """The answer ends with ``last`` (its bestmove, readyok); said later is held. Idempotent."""
+        with self._lock:
+            for line in last:
+                self._write(line)
+            self._answers.discard(token)
+
+
 class Session:
     """Handles UCI commands; ``handle(line)`` returns False once the engine should exit."""
 
     def __init__(self, write: Callable[[str], None], network_manager_factory=None) -> None:
         self.write = write
+        self.floor = Floor(write)
         self.options = Options()
         self._manager_factory = network_manager_factory or _default_manager
         self.manager = None
@@ -66,7 +118,7 @@ class Session:
         self._moves: list[str] = []
         self._position_error: Optional[str] = None   # why the last position command was rejected
         self.searcher = Searcher(self._network)
-        self.searcher.log = self.info_string
+        self.searcher.log = self.remark
         self._dirty_options: set[str] = set()
         self._book = None
         self._tablebases = None
@@ -77,8 +129,15 @@ class Session:
     # -- output ----------------------------------------------------------------
 
     def info_string(self, text: str) -> None:
+        """Said now: the answer to the command being handled."""
         for line in str(text).splitlines() or [""]:
             self.write(f"info string {line}")
+
+    def remark(self, text: str) -> None:
+        """Said when the engine may speak (:class:`Floor`): from the search, the network manager, or
+        a command that has no answer of its own (setoption)."""
+        for line in str(text).splitlines() or [""]:
+            self.floor.say(f"info string {line}")
 
     def error(self, text: str) -> None:
         self.info_string(f"error: {text}")
@@ -120,6 +179,8 @@ class Session:
         self.write("uciok")
 
     def cmd_isready(self, args: list[str]) -> None:
+        """``readyok``, and nothing else unless the load failed: what loading the network says waits
+        for the next search's output (python-chess's ping reads any other line as unexpected)."""
         if not self.searcher.searching:
             from engine.weights import NoNetworkError
 
@@ -215,6 +276,14 @@ class Session:
             raise ValueError(f"bad FEN in position command: {exc}") from None
 
     def cmd_go(self, args: list[str], received: float) -> None:
+        answer = self.floor.open()     # the held lines lead this go's output
+        try:
+            self._go(args, received, answer)
+        except BaseException:
+            self.floor.close(answer)   # no search runs: nothing else ends this answer
+            raise
+
+    def _go(self, args: list[str], received: float, answer: object) -> None:
         go, problems = read_go(args)
         if problems:   # said, then searched without them: every go gets its bestmove
             go = go_to_search(go)
@@ -227,12 +296,12 @@ class Session:
         if self._position_error is not None:
             self.error(f"no position to search: the last position command was rejected "
                        f"({self._position_error})")
-            self.write("bestmove 0000")
+            self.floor.close(answer, "bestmove 0000")
             return
         self._apply_pending_options()
         self._swap_network_if_ready()
         board = self.board.copy()
-        if not go.infinite and not go.ponder and self._play_book_move(board):
+        if not go.infinite and not go.ponder and self._play_book_move(board, answer):
             return
         self._restrict_to_tablebase(board, go)
         show_wdl = self.options["UCI_ShowWDL"]
@@ -245,8 +314,7 @@ class Session:
 
         def on_best(result: SearchResult) -> None:
             try:
-                for text in format_result(result, checkmated=board.is_checkmate()):
-                    self.write(text)
+                self.floor.close(answer, *format_result(result, checkmated=board.is_checkmate()))
             finally:
                 reported.set()
 
@@ -310,11 +378,11 @@ class Session:
         """
         with self._manager_lock:   # the search thread, and a stop playing an unsearched move, may both ask
             if self.manager is None:
-                self.manager = self._manager_factory(self.options, self.info_string)
+                self.manager = self._manager_factory(self.options, self.remark)
             manager = self.manager
         if manager.reloading() and manager.loaded and threading.current_thread().name == "cyzero-search":
-            self.info_string("the network for the new options is still loading; this search uses "
-                             f"{manager.in_use.label()}")
+            self.remark("the network for the new options is still loading; this search uses "
+                        f"{manager.in_use.label()}")
         return manager.get()
 
     def _reconfigure_network(self) -> None:
@@ -373,7 +441,7 @@ class Session:
 
         try:
             self._book = OpeningBook(path)
-            self.info_string(f"opening book {path}")
+            self.remark(f"opening book {path}")
         except (ValueError, OSError) as exc:
             self.error(f"cannot open book: {exc}")
 
@@ -388,18 +456,18 @@ class Session:
 
         try:
             self._tablebases = Tablebases(path)
-            self.info_string(f"Syzygy tablebases up to {self._tablebases.max_pieces} pieces from {path}")
+            self.remark(f"Syzygy tablebases up to {self._tablebases.max_pieces} pieces from {path}")
         except (ValueError, OSError) as exc:
             self.error(f"cannot use SyzygyPath: {exc}")
 
-    def _play_book_move(self, board: Board) -> bool:
+    def _play_book_move(self, board: Board, answer: object) -> bool:
         if self._book is None:
             return False
         move = self._book.move(board)
         if move is None:
             return False
         self.info_string(f"book move {move}")
-        self.write(f"bestmove {move}")
+        self.floor.close(answer, f"bestmove {move}")
         return True
 
     def _restrict_to_tablebase(self, board: Board, go: GoParams) -> None:
