@@ -19,12 +19,15 @@ from trainer.records import (
     ChunkError,
     Eval,
     check_records,
+    compress_records,
     decode_record,
     decode_records,
     in_format,
+    inflate_records,
     make_record,
     read_chunk,
     write_chunk,
+    write_chunk_members,
 )
 
 START_LEGAL = [f"{f}2{f}{r}" for f in "abcdefgh" for r in "34"] + ["b1a3", "b1c3", "g1f3", "g1h3"]
@@ -456,3 +459,50 @@ def test_lc0s_own_canonical_training_records_are_the_ones_make_record_writes(fmt
         at += count
     assert at == len(records) and len(seen) > 2   # flips, mirrors and transposes were among them
     assert (records["side_to_move_or_enpassant"] > 0).any()   # and an en passant file
+
+
+# --------------------------------------------------------------------------- games compressed by their sender
+
+
+def _game_records(n: int, seed: int) -> np.ndarray:
+    board, out = Board(), []
+    rng = random.Random(seed)
+    for _ in range(n):
+        moves = board.legal_moves()
+        played = rng.choice(moves)
+        out.append(_record(board, {m: rng.randint(1, 50) for m in moves}, played))
+        board.push_uci(played)
+    return np.array(out, dtype=RECORD_DTYPE)
+
+
+def test_a_games_gzip_member_inflates_to_its_records_and_nothing_else():
+    """Workers send each game's records as one gzip member, which the daemon inflates to check."""
+    records = _game_records(6, 1)
+    member = compress_records(records)
+    assert len(member) < records.nbytes / 10
+    assert inflate_records(member, 6).tobytes() == records.tobytes()
+    for positions, words in ((5, "exactly 5"), (7, "exactly 7")):       # more, or fewer, than the header says
+        with pytest.raises(ValueError, match=words):
+            inflate_records(member, positions)
+    with pytest.raises(ValueError, match="exactly 6"):                    # a second member after the first
+        inflate_records(member + member, 6)
+    with pytest.raises(ValueError, match="not a gzip member"):
+        inflate_records(records.tobytes(), 6)
+    with pytest.raises(ValueError, match="exactly 6"):                    # cut short
+        inflate_records(member[:-9], 6)
+    bomb = gzip.compress(bytes(64 << 20), compresslevel=1)              # 64 MiB of zeros in 300 KB
+    with pytest.raises(ValueError, match="exactly 1 records"):
+        inflate_records(bomb, 1)                                          # stops at one record's bytes
+    bad = records.copy()
+    bad[3]["version"] = 5
+    with pytest.raises(ValueError, match="record 3"):
+        inflate_records(compress_records(bad), 6)
+
+
+def test_a_chunk_of_members_is_one_gzip_stream_of_their_records(tmp_path):
+    games = [_game_records(n, seed) for seed, n in enumerate((3, 1, 5))]
+    path = tmp_path / "chunk.gz"
+    write_chunk_members(path, [compress_records(g) for g in games])
+    assert read_chunk(path).tobytes() == np.concatenate(games).tobytes()
+    with gzip.open(path, "rb") as f:                                      # as lc0's reader takes it
+        assert f.read() == np.concatenate(games).tobytes()

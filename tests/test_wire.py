@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trainer import wire
-from trainer.records import RECORD_BYTES, RECORD_DTYPE
+from trainer.records import RECORD_BYTES, RECORD_DTYPE, compress_records
 from trainer.wire import (
     MAX_FRAME_BYTES,
     MAX_FRAMES,
@@ -85,12 +85,14 @@ def test_game_round_trip():
     sent = game(7, pgn=PGN + "{ünïcode comment}")
     frames = encode(sent)
     assert len(frames) == 3
-    assert len(frames[1]) == 7 * RECORD_BYTES
+    assert frames[1] == compress_records(sent.records)       # one gzip member, the sender's work
+    assert len(frames[1]) < 7 * RECORD_BYTES / 10
     got = decode(frames)
     assert isinstance(got, Game)
     for field in dataclasses.fields(Game):
-        if field.name != "records":
+        if field.name not in ("records", "member"):
             assert getattr(got, field.name) == getattr(sent, field.name), field.name
+    assert got.member == frames[1]                            # stored as it came
     assert got.positions == 7
     assert got.records.dtype == RECORD_DTYPE
     assert got.records.tobytes() == sent.records.tobytes()
@@ -128,8 +130,9 @@ def test_zmq_frames_decode_without_a_copy():
 
 
 def test_game_header_describes_its_frames():
-    header = msgpack.unpackb(encode(game(2))[0])
-    assert header["frames"] == [{"dtype": "lc0_v6", "shape": [2]}, {"dtype": "uint8", "shape": [len(PGN)]}]
+    frames = encode(game(2))
+    header = msgpack.unpackb(frames[0])
+    assert header["frames"] == [{"dtype": "uint8", "shape": [len(frames[1])]}, {"dtype": "uint8", "shape": [len(PGN)]}]
     assert header["positions"] == 2 and header["game"] == "9f" * 16
 
 
@@ -153,7 +156,7 @@ def test_heartbeat_header_golden_bytes():
     expected = (
         bytes([0x86])  # fixmap of 6
         + _s("type") + _s("heartbeat")
-        + _s("version") + bytes([0x01])
+        + _s("version") + bytes([0x02])
         + _s("worker") + _s("w1")
         + _s("playing") + bytes([0x03])
         + _s("positions_per_s") + bytes([0xCB]) + struct.pack(">d", 12.5)
@@ -164,10 +167,12 @@ def test_heartbeat_header_golden_bytes():
 
 
 def test_game_header_golden_bytes():
+    member = compress_records(records(1))
+    assert len(member) < 0x80   # a positive fixint in the shape below
     expected = (
         bytes([0x88])
         + _s("type") + _s("game")
-        + _s("version") + bytes([0x01])
+        + _s("version") + bytes([0x02])
         + _s("worker") + _s("w1")
         + _s("game") + _s("g1")
         + _s("generation") + bytes([0x00])
@@ -177,11 +182,12 @@ def test_game_header_golden_bytes():
     )
     frames_key = (
         _s("frames") + bytes([0x92])
-        + bytes([0x82]) + _s("dtype") + _s("lc0_v6") + _s("shape") + bytes([0x91, 0x01])
+        + bytes([0x82]) + _s("dtype") + _s("uint8") + _s("shape") + bytes([0x91, len(member)])
         + bytes([0x82]) + _s("dtype") + _s("uint8") + _s("shape") + bytes([0x91, 0x02])
     )
     expected = bytes([0x89]) + expected[1:] + frames_key
     frames = encode(Game("w1", "g1", 0, "0-1", "resigned", records(1), "*\n"))
+    assert frames[1] == member
     assert frames[0] == expected
     assert frames[2] == b"*\n"
 
@@ -207,7 +213,7 @@ def _with(message, **changes) -> list[bytes]:
     [
         (MESSAGES[3], {"type": "hearbeat"}, "unknown message type"),
         (MESSAGES[3], {"type": 7}, "unknown message type"),
-        (MESSAGES[3], {"version": 2}, "version 2"),
+        (MESSAGES[3], {"version": 1}, "version 1"),   # an older worker's
         (MESSAGES[3], {"version": True}, "'version' must be an integer"),
         (MESSAGES[3], {"version": ...}, "'version' must be an integer"),
         (MESSAGES[3], {"worker": ...}, "no 'worker'"),
@@ -237,12 +243,21 @@ def test_game_frame_checks():
     with pytest.raises(WireError, match="needs"):
         decode([frames[0], frames[1][:-1], frames[2]])
     with pytest.raises(WireError, match="2 frames"):
-        decode(_with(game(3), frames=[{"dtype": "lc0_v6", "shape": [3]}])[:2])
-    with pytest.raises(WireError, match=r"lc0_v6 \[4\]"):
+        decode(_with(game(3), frames=[{"dtype": "uint8", "shape": [len(frames[1])]}])[:2])
+    with pytest.raises(WireError, match="does not hold exactly 4 records"):
         decode(_with(game(3), positions=4))
-    with pytest.raises(WireError, match="lc0_v6"):
+    with pytest.raises(WireError, match="does not hold exactly 2 records"):   # longer than said: cut off
+        decode(_with(game(3), positions=2))
+    with pytest.raises(WireError, match=r"must be uint8 \[bytes\] \(its records"):
+        decode(_with(game(3), frames=[{"dtype": "int32", "shape": [3]}, {"dtype": "uint8", "shape": [len(PGN)]}])[:1]
+               + [bytes(12), frames[2]])
+    with pytest.raises(WireError, match="not a gzip member"):
         decode(_with(game(3), frames=[{"dtype": "uint8", "shape": [3 * RECORD_BYTES]},
-                                      {"dtype": "uint8", "shape": [len(PGN)]}]))
+                                      {"dtype": "uint8", "shape": [len(PGN)]}])[:1] + [records(3).tobytes(), frames[2]])
+    with pytest.raises(WireError, match="does not hold exactly 3 records"):   # two members
+        twice = frames[1] + frames[1]
+        decode(_with(game(3), frames=[{"dtype": "uint8", "shape": [len(twice)]},
+                                      {"dtype": "uint8", "shape": [len(PGN)]}])[:1] + [twice, frames[2]])
     with pytest.raises(WireError, match="result"):
         decode(_with(game(3), result="*"))
     with pytest.raises(WireError, match="UTF-8"):
@@ -258,8 +273,10 @@ def test_records_that_are_not_v6_input_format_1_are_refused(field, value, words)
     with pytest.raises(WireError, match=f"game records refused: record 2 .*{words}"):
         encode(game(records=bad))
     good = encode(game(4))
-    with pytest.raises(WireError, match="game records refused"):
-        decode([good[0], bad.tobytes(), good[2]])
+    sent = compress_records(bad)   # a sender that skips the check: the daemon inflates and refuses
+    with pytest.raises(WireError, match=f"game records refused: record 2 .*{words}"):
+        decode(_with(game(4), frames=[{"dtype": "uint8", "shape": [len(sent)]},
+                                      {"dtype": "uint8", "shape": [len(PGN)]}])[:1] + [sent, good[2]])
 
 
 def test_frame_codec_round_trip_and_allow_list():
@@ -276,12 +293,12 @@ def test_frame_codec_round_trip_and_allow_list():
     with pytest.raises(WireError, match="'object'"):
         decode_arrays([{"dtype": "object", "shape": [1]}], [b"\0" * 8])
     with pytest.raises(WireError, match="more than"):
-        decode_arrays([{"dtype": "lc0_v6", "shape": [2**40, 2**40]}], [b""])
+        decode_arrays([{"dtype": "int64", "shape": [2**40, 2**40]}], [b""])
     with pytest.raises(WireError, match="shape"):
         decode_arrays([{"dtype": "uint8", "shape": [-1]}], [b""])
     for shape in ([0] + [2**26] * 7, [2**26] * 7 + [0], [0, 2**60]):  # numpy refuses these even empty
         with pytest.raises(WireError, match="more than"):
-            decode_arrays([{"dtype": "lc0_v6", "shape": shape}], [b""])
+            decode_arrays([{"dtype": "int64", "shape": shape}], [b""])
     assert decode_arrays([{"dtype": "int64", "shape": [0, 1000, 3]}], [b""])[0].shape == (0, 1000, 3)
 
 
@@ -335,7 +352,7 @@ def _mutations(rng: random.Random, frames: list[bytes]):
         count = rng.randint(0, 3)
         sizes = [0, 1, 2, 3, 8356, -1, 2**26, 2**31, 2**62, 2**63 - 1]
         header["frames"] = [
-            {"dtype": rng.choice(["uint8", "int32", "int64", "float16", "float32", "lc0_v6", "float64"]),
+            {"dtype": rng.choice(["uint8", "int32", "int64", "float16", "float32", "float64"]),
              "shape": [rng.choice(sizes) for _ in range(rng.randint(0, 9))]}
             for _ in range(count)
         ]
@@ -344,7 +361,7 @@ def _mutations(rng: random.Random, frames: list[bytes]):
         header = msgpack.unpackb(frames[0])
         key = rng.choice(sorted(header))
         header[key] = rng.choice([None, -1, 2**64 - 1, 1.5, "", "x" * 70000, [], {}, [[[]]], b"\xff", True,
-                                  [{"dtype": "lc0_v6", "shape": [2**62]}], [{"dtype": "uint8"}], ["uint8"]])
+                                  [{"dtype": "int64", "shape": [2**62]}], [{"dtype": "uint8"}], ["uint8"]])
         try:
             frames[0] = msgpack.packb(header)
         except (OverflowError, ValueError):

@@ -997,7 +997,7 @@ class Daemon:
             try:
                 self._store.append_games([g.records for g in games], generation=generation, source="selfplay",
                                          game_ids=[g.game_id for g in games], held_out=held_out,
-                                         val_percent=val_percent)
+                                         val_percent=val_percent, members=[g.member for g in games])
             except (OSError, ValueError) as e:
                 reason = f"replay store: {e}"
                 self.log(f"{len(games)} games of generation {generation} not stored ({e}): the workers resend them")

@@ -81,6 +81,7 @@ from trainer.records import (
     read_chunk,
     readable_as,
     write_chunk,
+    write_chunk_members,
 )
 
 __all__ = [
@@ -306,7 +307,7 @@ class ReplayStore:
 
     def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str,
                      game_ids: Sequence[str] | None = None, held_out: bool | None = None,
-                     val_percent: float = 0.0) -> ChunkEntry:
+                     val_percent: float = 0.0, members: Sequence[bytes] | None = None) -> ChunkEntry:
         """Commit ``games`` (each a RECORD_DTYPE array, one game's positions in order) as ONE new chunk.
 
         Durable when it returns: the chunk is fsynced and renamed into place,
@@ -314,9 +315,14 @@ class ReplayStore:
         game) go into that line, so a game sent twice is recognised after a restart.
         ``held_out`` True (False) gives the chunk a name that :func:`is_validation` at
         ``val_percent`` holds out (trains on); None, a random name (held out by chance).
+        ``members``: each game's records already compressed (a worker's gzip member, inflated
+        into ``games`` by :func:`trainer.records.inflate_records`): written as they are, so that
+        storing costs no compression.
         """
         if game_ids is not None and (len(game_ids) != len(games) or not all(isinstance(i, str) for i in game_ids)):
             raise ValueError("game_ids must be one string per game")
+        if members is not None and len(members) != len(games):
+            raise ValueError("members must be one gzip member per game")
         if not _SOURCE.fullmatch(source):
             raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
         if not isinstance(generation, int) or generation < 0:
@@ -324,10 +330,12 @@ class ReplayStore:
         arrays = [_game_array(g, self.input_format) for g in games]
         if not arrays:
             raise ValueError("append_games needs at least one game")
-        records = np.concatenate(arrays)
         name = _chunk_name(source, generation, held_out, val_percent)
-        write_chunk(self.chunks_dir / name, records)
-        entry = ChunkEntry(name, int(records.size), len(arrays), generation, source, time.time())
+        if members is None:
+            write_chunk(self.chunks_dir / name, np.concatenate(arrays))
+        else:
+            write_chunk_members(self.chunks_dir / name, members)
+        entry = ChunkEntry(name, sum(a.size for a in arrays), len(arrays), generation, source, time.time())
         line = {"op": "add", **dataclasses.asdict(entry)}
         if game_ids is not None:
             line["game_ids"] = list(game_ids)

@@ -16,7 +16,9 @@ type            sent by                 header fields (frames)
 ``heartbeat``   worker                  ``worker``, ``playing``, ``positions_per_s``, ``generation``
 ``game``        worker                  ``worker``, ``game``, ``generation``, ``positions``,
                                         ``result``, ``termination`` (frames: the V6 records as
-                                        ``lc0_v6 [positions]``, the PGN as ``uint8 [bytes]``)
+                                        one gzip member, ``uint8 [bytes]``, which the daemon
+                                        inflates to check and stores as it is; the PGN as
+                                        ``uint8 [bytes]``)
 ``ack``         daemon                  ``games``: the game ids now durable in the replay store
 ``refused``     daemon                  ``reason``, ``game``?: never resend this message as it is
 ``error``       daemon                  ``reason``, ``game``?: a failure on the daemon's side;
@@ -48,7 +50,7 @@ import numpy as np
 
 from engine.announce import MAX_HEADER_BYTES, unpack_header
 from engine.files import is_sha256_hex
-from trainer.records import RECORD_BYTES, RECORD_DTYPE, check_records
+from trainer.records import RECORD_BYTES, RECORD_DTYPE, check_records, compress_records, inflate_records
 
 __all__ = [
     "DTYPES",
@@ -73,7 +75,7 @@ __all__ = [
     "encode_arrays",
 ]
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: a game's records travel as one gzip member (the worker compresses, not the daemon)
 MAX_FRAME_BYTES = 64 << 20  # one raw frame; a game of 8,031 positions fills it
 MAX_FRAMES = 8  # raw frames after the header
 MAX_DIMS = 8
@@ -91,7 +93,6 @@ DTYPES: dict[str, np.dtype] = {
     "int64": np.dtype("<i8"),
     "float16": np.dtype("<f2"),
     "float32": np.dtype("<f4"),
-    "lc0_v6": RECORD_DTYPE,
 }
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_ID_CHARS)
 
@@ -146,6 +147,8 @@ class Game:
 
     ``game_id`` is unique across the run (a uuid hex): the daemon drops a game it already stored,
     so a worker may resend until it sees the ack.  ``generation`` is the network that played it.
+    ``member``: the records as one gzip member, as they travel and are stored (compressed by
+    :func:`encode` when empty: the sender's work, once a game).
     """
 
     worker: str
@@ -155,6 +158,7 @@ class Game:
     termination: str
     records: np.ndarray
     pgn: str
+    member: bytes = b""
 
     @property
     def positions(self) -> int:
@@ -344,7 +348,10 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
         header = _game(message.worker, message.game_id, message.generation, len(records), message.result,
                        message.termination)
         _check_game_records(records)
-        return header, [records, pgn]
+        member = message.member or compress_records(records)
+        if len(member) > MAX_FRAME_BYTES:
+            raise WireError(f"a game's compressed records are {len(member):,} bytes, more than {MAX_FRAME_BYTES:,}")
+        return header, [np.frombuffer(member, dtype=np.uint8), pgn]
     if isinstance(message, Ack):
         return {"games": list(_ids(message.game_ids, "games", MAX_ACK_GAMES))}, []
     if isinstance(message, (Refused, ErrorReply)):
@@ -478,13 +485,16 @@ def _decode_game(header: dict, arrays: list[np.ndarray]) -> Game:
                      ("worker", "game", "generation", "positions", "result", "termination")))
     if len(arrays) != 2:
         raise WireError(f"a game carries 2 frames (records, pgn), got {len(arrays)}")
-    records, pgn = arrays
-    if records.dtype != RECORD_DTYPE or records.shape != (fields["positions"],):
-        raise WireError(f"a game's first frame must be lc0_v6 [{fields['positions']}], "
-                        f"got {records.dtype} {list(records.shape)}")
+    member, pgn = arrays
+    if member.dtype != np.uint8 or member.ndim != 1:
+        raise WireError(f"a game's first frame must be uint8 [bytes] (its records as one gzip member), "
+                        f"got {member.dtype} {list(member.shape)}")
     if pgn.dtype != np.uint8 or pgn.ndim != 1:
         raise WireError(f"a game's second frame must be uint8 [bytes] (the PGN), got {pgn.dtype} {list(pgn.shape)}")
-    _check_game_records(records)
+    try:
+        records = inflate_records(member.data, fields["positions"])
+    except ValueError as e:
+        raise WireError(f"game records refused: {e}") from None
     try:
         text = pgn.tobytes().decode()
     except UnicodeDecodeError:
@@ -492,7 +502,7 @@ def _decode_game(header: dict, arrays: list[np.ndarray]) -> Game:
     if "\x00" in text:
         raise WireError("a game's PGN holds a NUL character")
     return Game(fields["worker"], fields["game"], fields["generation"], fields["result"], fields["termination"],
-                records, text)
+                records, text, member.tobytes())
 
 
 def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message:
