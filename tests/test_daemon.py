@@ -818,3 +818,69 @@ def test_port_gives_the_daemon_three_ports_and_auto_free_ones():
     for bad in ("57x", "0", "65534"):
         with pytest.raises(ValueError, match="--port"):
             on_ports(config, bad)
+
+
+# --------------------------------------------------------------------------- back-pressure
+
+
+def test_a_daemon_behind_holds_new_games_and_stores_them_when_they_come_again(run_dir):
+    """Behind (messages waited at every read for BEHIND_AFTER_S), the daemon buffers no new game: it
+    answers Hold with their ids, acknowledges nothing it has not stored, and takes them when they
+    come again. The daemon's loop is driven by hand here, so nothing depends on speed."""
+    daemon = Daemon(run_dir, config(), log=lambda line: None, worker_command=lambda *args: SLEEP,
+                    learner_command=lambda *args: SLEEP, ladder_command=lambda *args: SLEEP)
+    lines: list[str] = []
+    daemon.log = lines.append
+    daemon.start()
+    try:
+        with Client(daemon.endpoint) as client:
+            client.send(wire.Register("w-test", "testhost", os.getpid(), ("cpu",), "cyzero test"))
+            assert daemon._router.poll(10_000)
+            daemon._receive()
+            client.expect(wire.Registered)
+            daemon._behind_since = time.monotonic()          # as _still_waiting finds it after BEHIND_AFTER_S
+            games = [game() for _ in range(6)]
+            for g in games:
+                client.send(g)
+            held: set[str] = set()
+            while len(held) < len(games):
+                assert daemon._router.poll(10_000)
+                daemon._receive()                             # holds what waits; an empty read catches up
+                daemon._behind_since = daemon._behind_since or time.monotonic()
+                message = client.expect(wire.Hold)
+                assert message.seconds > 0 and "behind" in message.reason
+                held.update(message.game_ids)
+            assert held == {g.game_id for g in games}
+            daemon._flush()
+            assert stored_ids(run_dir) == [] and client.recv(0.2) is None   # nothing stored, nothing acked
+            daemon._behind_since = None
+            for g in games:                                   # sent again once the hold is over
+                client.send(g)
+            acked: set[str] = set()
+            while len(acked) < len(games):
+                if daemon._router.poll(100):
+                    daemon._receive()
+                daemon._flush()
+                message = client.recv(0.1)
+                if isinstance(message, wire.Ack):
+                    acked.update(message.game_ids)
+            assert sorted(stored_ids(run_dir)) == sorted(g.game_id for g in games)
+    finally:
+        daemon.stop()
+
+
+def test_the_daemon_says_when_it_falls_behind_and_when_it_has_caught_up(run_dir, monkeypatch):
+    from trainer import daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "BEHIND_AFTER_S", 0.0)
+    lines: list[str] = []
+    daemon = Daemon(run_dir, config(), log=lines.append)
+    daemon._still_waiting()                      # a full read: messages still waiting
+    assert daemon._behind_since is None
+    daemon._still_waiting()                      # and again, BEHIND_AFTER_S later: behind
+    assert daemon._behind_since is not None and "behind" in lines[-1] and "none is lost" in lines[-1]
+    daemon._held_games = 3
+    daemon._caught_up()                          # a read that found nothing waiting
+    assert daemon._behind_since is None and "caught up" in lines[-1] and "3 games held" in lines[-1]
+    daemon._caught_up()
+    assert len(lines) == 2                       # said once each

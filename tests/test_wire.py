@@ -23,6 +23,7 @@ from trainer.wire import (
     ErrorReply,
     Game,
     Heartbeat,
+    Hold,
     Refused,
     Register,
     Registered,
@@ -65,6 +66,7 @@ MESSAGES = [
     Refused("records are not V6", "a" * 32),
     Refused("unknown worker"),
     ErrorReply("replay store: no space left on device", "a" * 32),
+    Hold(5.0, "the daemon is behind", ("a" * 32, "b" * 32)),
     Stop("run stopping"),
     Stop(),
 ]
@@ -231,6 +233,10 @@ def _with(message, **changes) -> list[bytes]:
         (MESSAGES[4], {"games": ["x"] * 5000}, "more than"),
         (MESSAGES[6], {"reason": "x" * 5000}, "'reason'"),
         (MESSAGES[3], {"frames": [{"dtype": "uint8", "shape": [1]}]}, "describes 1 frames, 0 came"),
+        (MESSAGES[9], {"seconds": 0}, "'seconds' must be in"),
+        (MESSAGES[9], {"seconds": 601}, "'seconds' must be in"),
+        (MESSAGES[9], {"seconds": ...}, "no 'seconds'"),
+        (MESSAGES[9], {"games": ["a b"]}, "'games' must be"),
     ],
 )
 def test_malformed_headers_are_wire_errors(message, changes, words):

@@ -564,3 +564,26 @@ def test_the_worker_says_when_the_daemon_is_gone_and_when_it_is_back(daemon_fact
         daemon.serve(lambda: True)
         time.sleep(0.1)
     assert worker.said(f"the daemon at {daemon.endpoint} is reachable again after"), worker.lines
+
+
+def test_a_hold_from_a_daemon_behind_keeps_the_games_and_sends_none_until_it_ends(daemon_factory, nets):
+    """Back-pressure (wire.Hold): the worker keeps the held games and sends no game for the seconds
+    asked; then it sends them again. Only lower bounds on time are asserted: a slow machine is late,
+    never early."""
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    daemon.ack = False
+    running = start(daemon)
+    daemon.serve(lambda: len(daemon.games()) >= 1)
+    first = daemon.games()[0]
+    held_at = time.monotonic()
+    daemon.send(wire.Hold(3.0, "the daemon is behind", (first.game_id,)))
+    link = running.worker.link
+    daemon.serve(lambda: link.holds == 1)
+    assert link._hold_until >= held_at + 3.0      # every send waits for it
+    mark = len(daemon.messages)
+    daemon.serve(lambda: any(isinstance(m, wire.Game) and m.game_id == first.game_id
+                             for _, m in daemon.messages[mark:]), timeout=60)
+    assert time.monotonic() - held_at >= 3.0       # kept, and sent again only once the hold was over
+    assert running.said("the daemon is behind")
+    daemon.ack = True

@@ -73,6 +73,11 @@ SILENT_S = 30.0  # a worker not heard from for this long is said to be silent (a
 FORGET_S = 3600.0  # a remote worker silent this long leaves the workers list (a one-off client, a machine gone)
 RECENT_GAME_IDS = 100_000  # stored game ids remembered to drop resends: about 13 MB (see _RecentIds)
 RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
+# Back-pressure: messages still waiting after this long of reading without a pause mean the daemon is
+# behind; it then stores no new game and tells each sender to hold its games for HOLD_S (they keep
+# them and send them again), until it has read everything that waits.
+BEHIND_AFTER_S = 2.0
+HOLD_S = 5.0
 MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 
@@ -497,6 +502,9 @@ class Daemon:
         self._stored = _RecentIds(recent_game_ids)  # the newest stored game ids: resends are dropped
         self._buffer: dict[str, tuple[wire.Game, set[bytes]]] = {}
         self._first_buffered = 0.0
+        self._reading_since: Optional[float] = None   # since when messages have waited at every read
+        self._behind_since: Optional[float] = None    # back-pressure on: games are held, not stored
+        self._held_games = 0
         self._workers: dict[str, _Worker] = {}
         self._learner: Optional[_Child] = None
         self._ladder: Optional[_Child] = None  # the strength ladder (trainer.evaluate --follow)
@@ -888,23 +896,63 @@ class Daemon:
             self._flush()
 
     def _receive(self) -> None:
-        for _ in range(RECEIVE_BATCH):
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            identity = frames[0].bytes
-            try:
-                message = wire.decode(frames[1:])
-            except wire.WireError as e:
-                self._dropped(f"dropped a malformed message: {e}")
-                continue
-            try:
-                self._handle(identity, message)
-            except wire.WireError as e:  # a reply that cannot be encoded: dropped as a bad message is
-                self._dropped(f"dropped a message: {e}")
-            if len(self._buffer) >= self.config.daemon.flush_games:
-                self._flush()
+        holds: dict[bytes, list[str]] = {}
+        try:
+            for _ in range(RECEIVE_BATCH):
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    self._caught_up()
+                    return
+                identity = frames[0].bytes
+                if self._behind_since is not None and self._hold(identity, frames[1:], holds):
+                    continue
+                try:
+                    message = wire.decode(frames[1:])
+                except wire.WireError as e:
+                    self._dropped(f"dropped a malformed message: {e}")
+                    continue
+                try:
+                    self._handle(identity, message)
+                except wire.WireError as e:  # a reply that cannot be encoded: dropped as a bad message is
+                    self._dropped(f"dropped a message: {e}")
+                if len(self._buffer) >= self.config.daemon.flush_games:
+                    self._flush()
+            self._still_waiting()
+        finally:
+            for identity, ids in holds.items():
+                for i in range(0, len(ids), wire.MAX_ACK_GAMES):
+                    self._send(identity, wire.Hold(HOLD_S, "the daemon is behind", tuple(ids[i:i + wire.MAX_ACK_GAMES])))
+
+    def _still_waiting(self) -> None:
+        """A full read left messages waiting: behind once that has lasted BEHIND_AFTER_S."""
+        now = time.monotonic()
+        if self._reading_since is None:
+            self._reading_since = now
+        elif self._behind_since is None and now - self._reading_since >= BEHIND_AFTER_S:
+            self._behind_since = now
+            self.log(f"behind: messages have waited at every read for {now - self._reading_since:.1f} s; new games "
+                     f"are held (their workers keep them and send them again in {HOLD_S:g} s), none is lost")
+
+    def _caught_up(self) -> None:
+        self._reading_since = None
+        if self._behind_since is not None:
+            self.log(f"caught up after {time.monotonic() - self._behind_since:.1f} s behind: {self._held_games:,} "
+                     f"game{'s' if self._held_games != 1 else ''} held, to be sent again")
+            self._behind_since = None
+            self._held_games = 0
+
+    def _hold(self, identity: bytes, frames: list, holds: dict[bytes, list[str]]) -> bool:
+        """While behind: a game not yet stored is held (read from its header alone); True when so."""
+        try:
+            kind, game_id = wire.peek(frames)
+        except wire.WireError:
+            return False   # decode says what is wrong with it
+        if kind != "game" or game_id in self._stored or game_id in self._buffer:
+            return False
+        holds.setdefault(identity, []).append(game_id)
+        self._held_games += 1
+        return True
 
     def _send(self, identity: bytes, message: Any) -> None:
         try:

@@ -23,6 +23,9 @@ type            sent by                 header fields (frames)
 ``refused``     daemon                  ``reason``, ``game``?: never resend this message as it is
 ``error``       daemon                  ``reason``, ``game``?: a failure on the daemon's side;
                                         keep the game and resend it later
+``hold``        daemon                  ``seconds``, ``reason``, ``games``: the daemon is behind;
+                                        keep these games (none was buffered) and send no game
+                                        for ``seconds``
 ``stop``        daemon                  ``reason``: stop playing and exit
 ==============  ======================  ======================================================
 
@@ -63,6 +66,7 @@ __all__ = [
     "ErrorReply",
     "Game",
     "Heartbeat",
+    "Hold",
     "Message",
     "Refused",
     "Register",
@@ -73,6 +77,7 @@ __all__ = [
     "decode_arrays",
     "encode",
     "encode_arrays",
+    "peek",
 ]
 
 WIRE_VERSION = 2  # 2: a game's records travel as one gzip member (the worker compresses, not the daemon)
@@ -83,6 +88,7 @@ MAX_ID_CHARS = 128
 MAX_TEXT_CHARS = 1000  # host, software, termination, reasons
 MAX_DEVICES = 64
 MAX_ACK_GAMES = 4096
+MAX_HOLD_S = 600.0  # the longest a daemon may ask its workers to hold their games
 MAX_COUNT = 2**31 - 1
 RESULTS = ("1-0", "0-1", "1/2-1/2")
 
@@ -189,13 +195,23 @@ class ErrorReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class Hold:
+    """Back-pressure: the daemon is behind and took none of ``game_ids`` (nor buffered them): keep
+    them, and send no game for ``seconds``; what it acknowledged stays acknowledged."""
+
+    seconds: float
+    reason: str = ""
+    game_ids: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Stop:
     """The daemon asks a worker to stop (run stopping, worker replaced)."""
 
     reason: str = ""
 
 
-Message = Union[Register, Registered, Heartbeat, Game, Ack, Refused, ErrorReply, Stop]
+Message = Union[Register, Registered, Heartbeat, Game, Ack, Refused, ErrorReply, Hold, Stop]
 
 
 # --------------------------------------------------------------------------- field checks
@@ -356,6 +372,8 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
         return {"games": list(_ids(message.game_ids, "games", MAX_ACK_GAMES))}, []
     if isinstance(message, (Refused, ErrorReply)):
         return _reply(message.reason, message.game_id), []
+    if isinstance(message, Hold):
+        return _hold(message.seconds, message.reason, message.game_ids), []
     if isinstance(message, Stop):
         return {"reason": _text(message.reason, "reason")}, []
     raise WireError(f"{type(message).__name__} is not a wire message")
@@ -369,6 +387,7 @@ _TYPES: dict[type, str] = {
     Ack: "ack",
     Refused: "refused",
     ErrorReply: "error",
+    Hold: "hold",
     Stop: "stop",
 }
 
@@ -476,6 +495,14 @@ def _check_game_records(records: np.ndarray) -> None:
         raise WireError(f"game records refused: {e}") from None
 
 
+def _hold(seconds: Any, reason: Any, game_ids: Any) -> dict:
+    seconds = _float(seconds, "seconds")
+    if not 0 < seconds <= MAX_HOLD_S:
+        raise WireError(f"'seconds' must be in (0, {MAX_HOLD_S:g}], got {seconds:g}")
+    return {"seconds": seconds, "reason": _text(reason, "reason"),
+            "games": list(_ids(game_ids, "games", MAX_ACK_GAMES))}
+
+
 def _reply(reason: Any, game_id: Any) -> dict:
     return {"reason": _text(reason, "reason"), "game": _optional_id(game_id, "game")}
 
@@ -528,6 +555,9 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
         return Heartbeat(**f)
     if kind == "ack":
         return Ack(_ids(_field(header, "games"), "games", MAX_ACK_GAMES))
+    if kind == "hold":
+        f = _hold(_field(header, "seconds"), header.get("reason", ""), header.get("games", []))
+        return Hold(f["seconds"], f["reason"], tuple(f["games"]))
     if kind in ("refused", "error"):
         f = _reply(_field(header, "reason"), header.get("game"))
         return (Refused if kind == "refused" else ErrorReply)(f["reason"], f["game"])
@@ -535,6 +565,18 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
 
 
 _KINDS = frozenset(_TYPES.values())
+
+
+def peek(frames: Sequence[Any]) -> tuple[str, Optional[str]]:
+    """A message's type and, for a game, its id, read from the header alone (no frame is inflated):
+    enough for a daemon that holds games to answer. Raises :class:`WireError`."""
+    if not frames:
+        raise WireError("no frames: a message starts with its msgpack header")
+    header = unpack_header(_buffer(frames[0], 0), WireError)
+    kind = header.get("type")
+    if not isinstance(kind, str) or kind not in _KINDS:
+        raise WireError(f"unknown message type {str(kind)[:40]!r}")
+    return kind, (_id(header.get("game"), "game") if kind == "game" else None)
 
 
 def decode(frames: Iterable[Any]) -> Message:

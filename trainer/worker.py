@@ -15,8 +15,10 @@ subprocess each).  The protocol (trainer/wire.py has the messages):
   (a game with no record, a short one in which no move got a full search, is
   counted as finished but not sent: it teaches nothing, and the replay store
   keeps no empty game),
-  resent every 10 s meanwhile (the daemon drops a game id it has), so neither a
-  lost message nor a daemon restart (ZeroMQ reconnects) loses a game;
+  resent every 8-12 s meanwhile (spread, so that a fleet does not resend at once; the
+  daemon drops a game id it has), so neither a lost message nor a daemon restart
+  (ZeroMQ reconnects) loses a game; a ``Hold`` (the daemon is behind) stops every send
+  for the seconds it asks, a fifth more at random;
 * the games awaiting their acks are bounded (``max_unacked_games``, ``max_unacked_bytes``):
   at the bound self-play pauses (said in the log, at most once a minute) until acks make
   room, so a worker whose daemon is down stops growing instead of filling its memory; no
@@ -33,6 +35,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import random
 import re
 import signal
 import socket as socketlib
@@ -150,6 +153,9 @@ class _Link:
         self.refused = 0
         self._limit = RateLimit()
         self._drain_until: Optional[float] = None
+        self._hold_until = 0.0     # the daemon is behind: no game is sent before this (wire.Hold)
+        self.holds = 0             # Hold messages heeded
+        self._jitter = random.Random()   # resends spread out, so that workers do not all send at once
         self._down_since: Optional[float] = None  # monotonic time the daemon became unreachable
         self._closing = threading.Event()
         self.error: Optional[BaseException] = None
@@ -279,12 +285,12 @@ class _Link:
                 draining = True
                 for entry in self.unacked.values():
                     entry[1] = now  # resend everything once now
-            for entry in self.unacked.values():
+            for entry in self.unacked.values() if now >= self._hold_until else ():
                 if now >= entry[1]:
                     if not self._send(sock, entry[0]):
                         entry[1] = now + _RETRY_S
                         break  # no connection now: the others wait too
-                    entry[1] = now + RESEND_S
+                    entry[1] = now + RESEND_S * self._jitter.uniform(0.8, 1.2)
             if self.registered is not None and now >= next_heartbeat:
                 rate = self._rate(samples, now)
                 reached = self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
@@ -369,6 +375,18 @@ class _Link:
         elif isinstance(message, wire.ErrorReply):
             self._limited(f"the daemon could not take {'a message' if message.game_id is None else 'game ' + message.game_id}"
                           f": {message.reason}; it will be resent")
+        elif isinstance(message, wire.Hold):
+            # Back-pressure: keep every game and send none for the time asked, give or take a fifth
+            # so that the daemon's workers do not all come back at once.
+            self.holds += 1
+            self._hold_until = max(self._hold_until,
+                                   time.monotonic() + message.seconds * self._jitter.uniform(1.0, 1.2))
+            for game_id in message.game_ids:
+                entry = self.unacked.get(game_id)
+                if entry is not None:
+                    entry[1] = self._hold_until
+            self._limited(f"the daemon is behind ({message.reason}): {len(message.game_ids)} games held, none sent "
+                          f"for {message.seconds:g} s")
         elif isinstance(message, wire.Stop):
             self._say(f"the daemon asks to stop{': ' + message.reason if message.reason else ''}")
             self._stop.set()
