@@ -43,9 +43,12 @@ def test_the_readme_quotes_the_cpu_config():
         cpu.model.net, cpu.selfplay.visits, cpu.selfplay.fast_visits, cpu.train.checkpoint_every)
 
 
+FIRST_HOUR = os.path.join("docs", "first-hour.md")
+
+
 def test_the_first_hour_quotes_the_cpu_config():
     cpu = load_named_config("cpu")
-    got = _quote("docs/first-hour.md", r"a fresh (\S+) network; one self-play worker with both cores \(at nice (\d+)\), "
+    got = _quote(FIRST_HOUR, r"a fresh (\S+) network; one self-play worker with both cores \(at nice (\d+)\), "
                                        r"playing (\d+) games at once with (\d+) visits on (a quarter) of the moves .*? "
                                        r"and (\d+) on the rest, games adjudicated drawn at (\d+) plies; one learner "
                                        r"process \(`([^`]+)`, one torch thread\) training batches of (\d+) on a value "
