@@ -116,6 +116,7 @@ TRAIN_CASES = {
     "bench train": "test_train_bench_until_its_first_figure",
     "bench bootstrap": "test_train_bench_bootstrap",
     "bench selfplay": "test_train_bench_until_its_first_figure",
+    "bench fleet": "test_train_bench_fleet",
 }
 
 
@@ -323,6 +324,12 @@ def test_train_bench_until_its_first_figure(what, tmp_path, torch_installed):
         assert not [line for line in bench.err if "Traceback" in line], "".join(bench.err)
     finally:
         bench.kill()
+
+
+def test_train_bench_fleet(tmp_path, torch_installed):
+    done = _run(TRAIN + ["bench", "fleet", "--workers", "2", "--rate", "4", "--seconds", "1",
+                         "--followers", "1", "--network-mb", "0.1"], tmp_path)
+    assert "every acknowledged game stored once: yes" in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.skipif(STOCKFISH is None, reason="bench bootstrap plays its default teacher, Debian's stockfish: "

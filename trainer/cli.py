@@ -3,7 +3,7 @@
 ``run`` (the daemon: self-play workers, the learner, publishing), ``worker`` (self-play
 into a daemon from any machine), ``learn`` (the DDP learner), ``bootstrap`` (supervised
 data from a teacher engine, PGN or lc0 chunks), ``status`` and ``plot`` (what a run is
-doing), ``evaluate`` (generations against generation 0 and a random mover), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+doing), ``evaluate`` (generations against generation 0 and a random mover), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay | fleet`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
 modules are imported after the arguments are parsed, so that ``--help`` is quick and
 an engine-only install (no torch) gets a message saying what to install. The run
 directory's layout is in ``docs/training.md``.
@@ -242,21 +242,25 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--simulate-gpu", action="store_true",
                         help="on cuda:N, run the network on the GPU stand-in (engine.tools.gpu_standin)")
 
-    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay)",
+    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay | fleet)",
                            description="Benchmarks of the training system, measured side by side in one run.")
-    bench.add_argument("what", choices=["train", "bootstrap", "selfplay"],
+    bench.add_argument("what", choices=["train", "bootstrap", "selfplay", "fleet"],
                        help="train: learner, raw step and loader samples/s; "
                             "bootstrap: the teacher's ms a position at each depth and MultiPV; "
-                            "selfplay: evaluations/s in self-play against raw batched inference, games/hour")
+                            "selfplay: evaluations/s in self-play against raw batched inference, games/hour; "
+                            "fleet: simulated self-play workers and network followers against a real daemon on "
+                            "this machine (games and positions stored a second, ack latency, the daemon's CPU "
+                            "and memory, every acknowledged game found in the store once)")
     bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
     bench.add_argument("--seconds", type=float, default=None,
-                       help="seconds of play per setting (bootstrap: 10; selfplay: 20)")
+                       help="seconds of play per setting (bootstrap: 10; selfplay: 20); fleet: of the schedule (60)")
     bench.add_argument("--device", default="cpu", help="(selfplay) cpu, or cuda:N")
     bench.add_argument("--config", metavar="TOML", default=None,
                        help="a training config (a bundled name such as cpu or gpu-bt, or a file). selfplay: play "
                             "its [selfplay] settings with a fresh network of its size instead of the defaults; "
                             "train: its network, batch size, loader workers and amp on synthetic records of its "
-                            "input format")
+                            "input format; fleet: the started daemon's (its input format and [selfplay] make the "
+                            "records; the ladder and gating are turned off)")
     bench.add_argument("--games", type=int, default=None,
                        help="(selfplay) games each measuring process plays at once, as `worker --games` sets "
                             "(default: the config's selfplay.games_per_worker, else 32 as a CPU worker plays)")
@@ -268,7 +272,34 @@ def _build_parser() -> argparse.ArgumentParser:
                             "a GPU worker would (default profile: h100)")
     bench.add_argument("--run", metavar="RUN_DIR", default=None,
                        help="(train) on this run's replay store and config (network, batch, loader workers, "
-                            "learner threads), beside the rate its learner logged under the daemon")
+                            "learner threads), beside the rate its learner logged under the daemon; (fleet) the "
+                            "run the daemon serves: a new folder or one the bench made (default: a temporary "
+                            "one, removed at the end)")
+    bench.add_argument("--workers", type=int, default=64,
+                       help="(fleet) simulated self-play workers, one DEALER each (default 64)")
+    fleet_rate = bench.add_mutually_exclusive_group()
+    fleet_rate.add_argument("--rate", type=float, default=None, metavar="GAMES_PER_S",
+                            help="(fleet) the fleet's games a second in all (default: --workers x "
+                                 "--games-per-hour-per-worker)")
+    fleet_rate.add_argument("--games-per-hour-per-worker", type=float, default=16_600, metavar="N",
+                            help="(fleet) a worker's games an hour (default 16,600: a GPU stand-in worker's, "
+                                 "docs/gpu.md; 64 workers send about 295 games/s)")
+    bench.add_argument("--positions-per-game", type=int, default=40,
+                       help="(fleet) V6 records a game on average (default 40: about 160 plies at the "
+                            "full_search_prob of 0.25)")
+    bench.add_argument("--followers", type=int, default=0,
+                       help="(fleet) simulated followers fetching each new generation's bytes (default 0)")
+    bench.add_argument("--network-mb", type=float, default=10.0,
+                       help="(fleet) the size of the generations the bench publishes, random bytes (default 10)")
+    bench.add_argument("--generations", type=int, default=None,
+                       help="(fleet) generations published over the run (default: 1 with followers, else 0)")
+    bench.add_argument("--attach", action="store_true",
+                       help="(fleet) use the daemon already serving --run (a run the bench made) instead of "
+                            "starting one")
+    bench.add_argument("--curve", action="store_true", help="(fleet) the started daemon uses CurveZMQ keys")
+    bench.add_argument("--profile", metavar="FILE", default=None,
+                       help="(fleet) run the started daemon under cProfile, which writes FILE; the report lists "
+                            "where its main thread's time goes")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -621,6 +652,21 @@ def evaluate_main(args: argparse.Namespace) -> int:
 
 
 def bench_main(args: argparse.Namespace) -> int:
+    if args.what == "fleet":
+        from trainer.bench_fleet import bench_fleet, format_fleet_report
+
+        try:
+            result = bench_fleet(run_dir=args.run, config=args.config, workers=args.workers, rate=args.rate,
+                                 games_per_hour_per_worker=args.games_per_hour_per_worker,
+                                 positions_per_game=args.positions_per_game,
+                                 seconds=60.0 if args.seconds is None else args.seconds, followers=args.followers,
+                                 network_mb=args.network_mb, generations=args.generations, attach=args.attach,
+                                 curve=args.curve, profile=args.profile)
+        except RuntimeError as e:
+            print(f"cyzero-train bench fleet: {e}", file=sys.stderr)
+            return 1
+        print(json.dumps(result.figures, indent=2) if args.json else format_fleet_report(result.figures))
+        return 0 if result.ok else 1
     if args.what == "bootstrap":
         import shlex
 

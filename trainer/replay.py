@@ -149,13 +149,15 @@ def _entry_from(obj: dict) -> ChunkEntry:
     return entry
 
 
-def _game_array(records: np.ndarray, input_format: int) -> np.ndarray:
+def _game_array(records: np.ndarray, input_format: int, checked: bool = False) -> np.ndarray:
+    """``records`` as one game's array, in the store's format. ``checked``: already found all of one
+    format by :func:`trainer.records.inflate_records`, so its first record's format is the game's."""
     array = np.atleast_1d(np.asarray(records))
     if array.dtype != RECORD_DTYPE:
         raise TypeError(f"a game is an array of RECORD_DTYPE records, got dtype {array.dtype}")
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"a game is a non-empty 1-D array of records, got shape {array.shape}")
-    check_records(array, input_format)   # a store holds one format: its network's
+    check_records(array[:1] if checked else array, input_format)   # a store holds one format: its network's
     return array
 
 
@@ -316,8 +318,8 @@ class ReplayStore:
         ``held_out`` True (False) gives the chunk a name that :func:`is_validation` at
         ``val_percent`` holds out (trains on); None, a random name (held out by chance).
         ``members``: each game's records already compressed (a worker's gzip member, inflated
-        into ``games`` by :func:`trainer.records.inflate_records`): written as they are, so that
-        storing costs no compression.
+        and checked into ``games`` by :func:`trainer.records.inflate_records`): written as they
+        are, so that storing costs no compression and no second check.
         """
         if game_ids is not None and (len(game_ids) != len(games) or not all(isinstance(i, str) for i in game_ids)):
             raise ValueError("game_ids must be one string per game")
@@ -327,7 +329,7 @@ class ReplayStore:
             raise ValueError(f"source {source!r} must be letters, digits and '_' (it is part of file names)")
         if not isinstance(generation, int) or generation < 0:
             raise ValueError(f"generation must be an integer >= 0, got {generation!r}")
-        arrays = [_game_array(g, self.input_format) for g in games]
+        arrays = [_game_array(g, self.input_format, checked=members is not None) for g in games]
         if not arrays:
             raise ValueError("append_games needs at least one game")
         name = _chunk_name(source, generation, held_out, val_percent)

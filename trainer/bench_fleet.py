@@ -1,0 +1,1362 @@
+"""``cyzero-train bench fleet``: a simulated fleet against the real daemon, to measure what one daemon serves.
+
+The daemon is the real one: ``cyzero-train run RUN --port auto`` with no local worker and
+no learner, started here (``--profile``: under cProfile), or one already serving a run this
+bench made (``--attach``). The fleet is simulated, light enough that this one process stands
+in for 64 workers on 2 cores:
+
+* N workers: one DEALER each (a CurveZMQ client when the run has keys), all on one thread and
+  one ``zmq.Poller``. Each registers, heartbeats and sends its games as :mod:`trainer.worker`
+  does: a game is held until its ``Ack``, resent every ``RESEND_S``, and a worker holding
+  ``MAX_UNACKED_GAMES`` skips its next games (a real worker pauses self-play there). The fleet's
+  games follow a schedule, game k due k / rate seconds after the start, dealt round-robin.
+  A ``Hold`` (the daemon is behind) stops a worker's sends for the seconds asked, a fifth more
+  at random, as there. Each game is a real wire message (:mod:`trainer.wire`) with a fresh id,
+  carrying the records and PGN of one of a few games made once (:func:`template_games`) in the
+  run's input format: its records' gzip member is compressed once too (a real worker compresses
+  each game, on cores of its own), so that one process can send a fleet's games.
+* M followers: a SUB each for the announcements and, for each newer generation, a DEALER that
+  fetches its bytes as :class:`engine.watchers.TrainerFollower` does (:mod:`engine.announce`'s
+  protocol), checks the sha256 and counts the swap. The generations are written here as the
+  learner writes them (``networks/gen-NNNNN.onnx`` atomically, then a line in
+  ``generations.jsonl``), of ``--network-mb`` random bytes: a transfer costs the same
+  whatever the bytes mean, and nothing here loads them.
+* psutil samples the daemon's CPU and resident memory and this process's own; the schedule's
+  lag and the fleet thread's CPU say when this generator, not the daemon, is the bottleneck.
+
+At the end every acknowledged game id is looked up in the store's manifest (each chunk's line
+lists its games' ids): each must be there exactly once. The bench writes synthetic games and
+networks into its run, so it only runs on a new folder or one it made (its config file marks it).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import heapq
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+import numpy as np
+import psutil
+import zmq
+
+from engine import __version__
+from engine.announce import (
+    FETCH_CHUNK_BYTES, MAX_HEADER_BYTES, MAX_NETWORK_BYTES, TOPIC, AnnouncementError, NetworkAnnouncement,
+    decode_fetch_reply, decode_network_announcement, encode_fetch_request, load_client_keys,
+)
+from engine.watchers import FETCH_TIMEOUT_S, peer_endpoint
+from trainer import EXIT_WITH_PARENT_ENV, wire
+from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl, sha256_bytes
+from trainer.worker import HEARTBEAT_S, LINK_TIMEOUT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S
+
+__all__ = ["BENCH_CONFIG", "GAMES_PER_HOUR_PER_WORKER", "FleetResult", "bench_fleet", "format_fleet_report",
+           "template_games"]
+
+# A worker's games an hour: what two GPU stand-in workers played together on 2 cores, 16,620 (see
+# docs/gpu.md, "Figures on the stand-in"), taken for each of the fleet's workers, which have a GPU
+# and cores of their own: 64 of them send about 295 games/s.
+GAMES_PER_HOUR_PER_WORKER = 16_600
+POSITIONS_PER_GAME = 40   # records a game: about 160 plies at the gpu config's full_search_prob 0.25
+MAX_POSITIONS_PER_GAME = 200
+TEMPLATES = 8             # games made once; every game sent is one of them with a fresh id
+_MAX_PLIES = 400          # a template's random game is this long at most (about half of them get there)
+BENCH_CONFIG = "bench-fleet.toml"  # the started daemon's config in RUN; it marks a run the bench made
+START_TIMEOUT_S = 600.0   # the daemon's start: torch's import and generation 0's export
+STOP_TIMEOUT_S = 120.0    # a SIGINT'ed daemon must be gone by then
+REGISTER_TIMEOUT_S = 60.0
+DRAIN_S = 60.0            # after the schedule, the longest wait for the last acks
+SAMPLE_S = 0.25           # the daemon's memory sampled this often (its CPU every fourth sample)
+PROGRESS_S = 5.0
+_RETRY_S = 0.2            # a send ZeroMQ had no room for is tried again this soon
+_SEND_BURST = 256         # games sent at most before the loop reads its replies
+# The run's files as trainer.learner and trainer.replay lay them out (importing them would cost this
+# process torch): the learner's generations and networks, the store's manifest.
+GENERATIONS = "generations.jsonl"
+NETWORK = os.path.join("networks", "gen-%05d.onnx")
+MANIFEST = os.path.join("replay", "manifest.jsonl")
+_ID_MARK = "x" * 32       # in a template's PGN: the game id
+_GEN_MARK = "GENERATION"  # in a template's PGN: the generation
+
+
+def _stderr(line: str) -> None:
+    print(f"bench fleet: {line}", file=sys.stderr, flush=True)
+
+
+def _stats(values: Any) -> dict:
+    """min, p50, p99 and max of ``values`` (None each when empty)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.size == 0:
+        return {"min": None, "p50": None, "p99": None, "max": None}
+    return {"min": float(array.min()), "p50": float(np.percentile(array, 50)),
+            "p99": float(np.percentile(array, 99)), "max": float(array.max())}
+
+
+# --------------------------------------------------------------------------- the games
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """One game made once; every game sent from it shares its records' gzip member."""
+
+    records: np.ndarray
+    member: bytes         # the records as one gzip member, as the wire carries them
+    pgn: str              # with _ID_MARK and _GEN_MARK in place of the id and the generation
+    result: str
+    termination: str
+
+
+def _random_game(rng: np.random.Generator, plies: int) -> list[str]:
+    from engine.board import Board
+
+    board = Board()
+    moves: list[str] = []
+    while len(moves) < plies and not board.is_game_over():
+        legal = board.legal_moves()
+        moves.append(legal[int(rng.integers(len(legal)))])
+        board.push_uci(moves[-1])
+    return moves
+
+
+def template_games(input_format: int = 1, positions: int = POSITIONS_PER_GAME, count: int = TEMPLATES,
+                   full_search_prob: float = 0.25, visits: int = 800, seed: int = 0) -> list[Template]:
+    """``count`` games of ``positions`` V6 records on average (0.75 to 1.25 times it), as self-play
+    keeps them: random legal play, a record at a share ``full_search_prob`` of the plies, each with
+    ``visits`` spread over the legal moves (half on the move played, half by a Dirichlet draw)."""
+    import chess
+    import chess.pgn
+
+    from engine.board import Board
+    from trainer.records import RECORD_DTYPE, Eval, compress_records, make_record
+
+    if not 1 <= positions <= MAX_POSITIONS_PER_GAME:
+        raise ValueError(f"positions a game must be 1-{MAX_POSITIONS_PER_GAME}, got {positions}")
+    rng = np.random.default_rng(seed)
+    templates = []
+    for i in range(count):
+        n = max(1, round(positions * (0.75 + 0.5 * i / max(count - 1, 1))))
+        plies = max(n, min(round(n / max(full_search_prob, 1e-3)), _MAX_PLIES))
+        moves = next((m for m in (_random_game(rng, plies) for _ in range(200)) if len(m) == plies), None)
+        if moves is None:
+            raise ValueError(f"no random game of {plies} plies in 200 tries: ask for fewer positions a game")
+        result = wire.RESULTS[i % 3]
+        recorded = set(rng.choice(plies, n, replace=False).tolist())
+        board, records = Board(), []
+        for ply, move in enumerate(moves):
+            if ply in recorded:
+                legal = board.legal_moves()
+                counts = dict(zip(legal, rng.multinomial(visits // 2, rng.dirichlet([0.3] * len(legal))).tolist()))
+                counts[move] += visits - visits // 2
+                mover_won = (result == "1-0") == board.turn
+                result_q, result_d = (0.0, 1.0) if result == "1/2-1/2" else (1.0 if mover_won else -1.0, 0.0)
+                root = Eval(float(rng.uniform(-0.3, 0.3)), float(rng.uniform(0.1, 0.6)), float(plies - ply))
+                records.append(make_record(board, counts, result_q=result_q, result_d=result_d,
+                                           plies_left=plies - ply, played=move, root=root,
+                                           input_format=input_format))
+            board.push_uci(move)
+        game = chess.pgn.Game()
+        termination = "max_plies" if result == "1/2-1/2" else "resignation"
+        for key, value in (("Event", "cyzero self-play"), ("White", "cyzero"), ("Black", "cyzero"),
+                           ("Result", result), ("Termination", termination), ("Generation", _GEN_MARK),
+                           ("GameId", _ID_MARK)):
+            game.headers[key] = value
+        node: Any = game
+        for move in moves:
+            node = node.add_variation(chess.Move.from_uci(move))
+        array = np.array(records, dtype=RECORD_DTYPE)
+        templates.append(Template(array, compress_records(array), str(game), result, termination))
+    return templates
+
+
+def game_frames(template: Template, worker: str, game_id: str, generation: int) -> list:
+    """A ``Game`` message from ``template`` with this id, as :func:`trainer.wire.encode` makes it."""
+    pgn = template.pgn.replace(_ID_MARK, game_id).replace(_GEN_MARK, str(generation))
+    frames = wire.encode(wire.Game(worker, game_id, generation, template.result, template.termination,
+                                   template.records, pgn, template.member))
+    frames[1] = template.member  # the same bytes: a template's games share one copy while they await acks
+    return frames
+
+
+# --------------------------------------------------------------------------- the workers
+
+
+@dataclasses.dataclass
+class _Held:
+    """A game a simulated worker keeps until its ack."""
+
+    frames: list
+    positions: int
+    made: float
+    next_send: float
+    first_sent: Optional[float] = None
+
+
+class _SimWorker:
+    def __init__(self, name: str, sock: Any, index: int, count: int) -> None:
+        self.name, self.socket, self.index = name, sock, index
+        self.phase = index / count  # its share of HEARTBEAT_S: the fleet's heartbeats spread, not in one burst
+        self.registered: Optional[wire.Registered] = None
+        self.next_register = 0.0
+        self.next_heartbeat = 0.0
+        self.held: dict[str, _Held] = {}
+        self.hold_until = 0.0  # the daemon is behind: no game is sent before this (wire.Hold)
+        self.stopped = False
+
+
+class _Fleet:
+    """N simulated workers on the calling thread: their DEALERs on one poller, the games on a schedule.
+
+    A reply is handled by the method :attr:`REPLIES` names for its type: a new reply of the
+    daemon's (a back-pressure message, say) needs its entry there and its method; until then it
+    is counted as unhandled and shown in the report."""
+
+    REPLIES = {wire.Ack: "_on_ack", wire.Registered: "_on_registered", wire.Refused: "_on_refused",
+               wire.ErrorReply: "_on_error", wire.Hold: "_on_hold", wire.Stop: "_on_stop"}
+
+    def __init__(self, endpoint: str, count: int, rate: float, templates: list[Template], keys: Any,
+                 generation: Callable[[], int], max_unacked: int = MAX_UNACKED_GAMES) -> None:
+        self.ctx = zmq.Context()
+        self.rate, self.templates, self.max_unacked = rate, templates, max_unacked
+        self.generation = generation
+        self.mean_positions = float(np.mean([len(t.records) for t in templates]))
+        self.workers: list[_SimWorker] = []
+        self.by_socket: dict[Any, _SimWorker] = {}
+        self.poller = zmq.Poller()
+        for i in range(count):
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # as trainer.worker: nothing queued for a daemon not there
+            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(LINK_TIMEOUT_S * 1000))
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            if keys is not None:
+                keys.apply(sock)
+            sock.connect(endpoint)
+            worker = _SimWorker(f"fleet-{os.getpid()}-{i:03d}", sock, i, count)
+            self.workers.append(worker)
+            self.by_socket[sock] = worker
+            self.poller.register(sock, zmq.POLLIN)
+        self.register_frames = {w.name: wire.encode(wire.Register(
+            w.name, socketlib.gethostname()[:wire.MAX_TEXT_CHARS], os.getpid(), ("cuda:0",),
+            f"cyzero {__version__} (bench fleet)")) for w in self.workers}
+        self.t0 = 0.0
+        self.issued = 0           # games the schedule dealt so far
+        self.made = 0             # of them, played (the others: their worker was at its bound or stopped)
+        self.sent = 0             # of those, sent at least once
+        self.paused = 0           # dealt to a worker holding max_unacked games: not played
+        self.unsendable = 0       # dealt to a worker the daemon stopped
+        self.resends = 0
+        self.no_room = 0          # sends ZeroMQ refused (no connection, or its queue full): tried again
+        self.held_total = 0
+        self.acked_ids: set[str] = set()
+        self.acks: list[tuple[float, int, float, float]] = []  # (s since t0, positions, from first send, from made)
+        self.lags: list[float] = []
+        self.repeated_acks = 0
+        self.refused: list[str] = []
+        self.errors: list[str] = []
+        self.stops = 0
+        self.holds: list[str] = []   # the Hold messages' reasons
+        self.held_back = 0           # games the daemon listed in them
+        self.malformed = 0
+        self.unhandled: collections.Counter = collections.Counter()
+        self._resend_heap: list[tuple[float, int, int, str]] = []
+        self._seq = 0
+        self._jitter = random.Random(0)
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _send(self, worker: _SimWorker, frames: list) -> bool:
+        try:
+            worker.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            self.no_room += 1
+            return False
+
+    def _send_game(self, index: int, game_id: str, held: _Held, now: float) -> None:
+        """Send (or resend) a held game now, unless its worker is told to hold; schedule what comes next."""
+        worker = self.workers[index]
+        if now < worker.hold_until:
+            held.next_send = worker.hold_until
+        elif self._send(worker, held.frames):
+            if held.first_sent is None:
+                held.first_sent = now
+                self.sent += 1
+            else:
+                self.resends += 1
+            held.next_send = now + RESEND_S * self._jitter.uniform(0.8, 1.2)  # spread, as trainer.worker's
+        else:
+            held.next_send = now + _RETRY_S
+        self._schedule(index, game_id, held)
+
+    def _schedule(self, index: int, game_id: str, held: _Held) -> None:
+        self._seq += 1
+        heapq.heappush(self._resend_heap, (held.next_send, self._seq, index, game_id))
+
+    def _send_due(self, now: float, end: float = math.inf) -> None:
+        """Deal the games due by ``now`` (those due before ``end``), at most _SEND_BURST a turn."""
+        for _ in range(_SEND_BURST):
+            due = self.t0 + self.issued / self.rate
+            if due > now or due >= end:
+                return
+            index = self.issued % len(self.workers)
+            worker = self.workers[index]
+            template = self.templates[(self.issued // len(self.workers)) % len(self.templates)]
+            self.issued += 1
+            if worker.stopped or worker.registered is None:
+                self.unsendable += 1
+            elif len(worker.held) >= self.max_unacked:
+                self.paused += 1
+            else:
+                game_id = uuid.uuid4().hex
+                held = _Held(game_frames(template, worker.name, game_id, self.generation()), len(template.records),
+                             now, now)
+                worker.held[game_id] = held
+                self.held_total += 1
+                self.made += 1
+                self.lags.append(now - due)
+                self._send_game(index, game_id, held, now)
+
+    def _resend_due(self, now: float) -> None:
+        """The resends that are due, at most _SEND_BURST a turn: a fleet's workers send in parallel, so
+        one worker's burst (after a Hold, say) must not hold the others' sends and replies up here."""
+        heap = self._resend_heap
+        for _ in range(_SEND_BURST):
+            if not heap or heap[0][0] > now:
+                return
+            when, _, index, game_id = heapq.heappop(heap)
+            held = self.workers[index].held.get(game_id)
+            if held is not None and held.next_send == when:
+                self._send_game(index, game_id, held, now)
+
+    def _timers(self, now: float) -> None:
+        """Register until registered (every REGISTER_S), then a heartbeat every HEARTBEAT_S."""
+        per_worker = self.rate / len(self.workers) if self.rate else 0.0
+        for worker in self.workers:
+            if worker.registered is None and now >= worker.next_register:
+                worker.next_register = now + (REGISTER_S if self._send(worker, self.register_frames[worker.name])
+                                              else _RETRY_S)
+            elif worker.registered is not None and not worker.stopped and now >= worker.next_heartbeat:
+                playing = int(worker.registered.selfplay.get("games_per_worker") or 256)
+                self._send(worker, wire.encode(wire.Heartbeat(worker.name, playing, per_worker * self.mean_positions,
+                                                              self.generation())))
+                worker.next_heartbeat = now + HEARTBEAT_S
+
+    # -- replies ----------------------------------------------------------------------
+
+    def _read(self, worker: _SimWorker, now: float) -> None:
+        for _ in range(256):
+            try:
+                frames = worker.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                message = wire.decode(frames)
+            except wire.WireError:
+                self.malformed += 1
+                continue
+            handler = self.REPLIES.get(type(message))
+            if handler is None:
+                self.unhandled[type(message).__name__] += 1
+            else:
+                getattr(self, handler)(worker, message, now)
+
+    def _on_ack(self, worker: _SimWorker, message: wire.Ack, now: float) -> None:
+        for game_id in message.game_ids:
+            held = worker.held.pop(game_id, None)
+            if held is None:
+                self.repeated_acks += 1  # a resend's second ack
+                continue
+            self.held_total -= 1
+            self.acked_ids.add(game_id)
+            self.acks.append((now - self.t0, held.positions, now - (held.first_sent or now), now - held.made))
+
+    def _on_registered(self, worker: _SimWorker, message: wire.Registered, now: float) -> None:
+        if worker.registered is None:
+            worker.registered = message
+            worker.next_heartbeat = now + HEARTBEAT_S * worker.phase
+
+    def _on_refused(self, worker: _SimWorker, message: wire.Refused, now: float) -> None:
+        """Never resent as it is: the game is dropped (and the report says why)."""
+        if message.game_id is not None and worker.held.pop(message.game_id, None) is not None:
+            self.held_total -= 1
+        self.refused.append(message.reason)
+
+    def _on_error(self, worker: _SimWorker, message: wire.ErrorReply, now: float) -> None:
+        """The daemon's failure: the game stays held and is resent at its time."""
+        self.errors.append(message.reason)
+
+    def _on_hold(self, worker: _SimWorker, message: wire.Hold, now: float) -> None:
+        """Back-pressure: every game is kept and none sent for the seconds asked, a fifth more at random
+        so that the fleet does not come back at once (as trainer.worker)."""
+        self.holds.append(message.reason)
+        self.held_back += len(message.game_ids)
+        worker.hold_until = max(worker.hold_until, now + message.seconds * self._jitter.uniform(1.0, 1.2))
+        for game_id in message.game_ids:
+            held = worker.held.get(game_id)
+            if held is not None:
+                held.next_send = worker.hold_until
+                self._schedule(worker.index, game_id, held)
+
+    def _on_stop(self, worker: _SimWorker, message: wire.Stop, now: float) -> None:
+        worker.stopped = True
+        self.stops += 1
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def serve(self, until: float, *, schedule: bool, tick: Callable[[float], bool],
+              until_empty: bool = False) -> bool:
+        """Send, resend, heartbeat and read replies until ``until`` (monotonic), or with ``until_empty``
+        until no game is held; False when ``tick`` (called about once a second) stopped it first."""
+        next_timers = next_tick = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= until or (until_empty and self.held_total == 0):
+                while schedule and self.t0 + self.issued / self.rate < until:
+                    self._send_due(time.monotonic(), until)  # every game due in the run, late if this loop was
+                return True
+            if schedule:
+                self._send_due(now, until)
+            self._resend_due(now)
+            if now >= next_timers:
+                self._timers(now)
+                next_timers = now + 0.1
+            if now >= next_tick:
+                if not tick(now):
+                    return False
+                next_tick = now + 1.0
+            wake = min(until, next_timers, next_tick)
+            if schedule:
+                wake = min(wake, self.t0 + self.issued / self.rate)
+            if self._resend_heap:
+                wake = min(wake, self._resend_heap[0][0])
+            for sock, _ in self.poller.poll(math.ceil(max(0.0, wake - time.monotonic()) * 1000)):
+                self._read(self.by_socket[sock], time.monotonic())
+
+    def register(self, timeout: float, tick: Callable[[float], bool]) -> None:
+        deadline = time.monotonic() + timeout
+        while any(w.registered is None for w in self.workers):
+            if time.monotonic() >= deadline:
+                missing = sum(w.registered is None for w in self.workers)
+                raise RuntimeError(f"{missing} of {len(self.workers)} simulated workers got no Registered "
+                                   f"within {timeout:g} s")
+            if not self.serve(min(deadline, time.monotonic() + 0.2), schedule=False, tick=tick):
+                raise RuntimeError("stopped before every simulated worker registered")
+
+    def close(self) -> None:
+        if self.ctx.closed:
+            return
+        for worker in self.workers:
+            worker.socket.close(0)
+        self.ctx.term()
+
+
+# --------------------------------------------------------------------------- the followers
+
+
+@dataclasses.dataclass
+class _Fetch:
+    announcement: NetworkAnnouncement
+    socket: Any
+    started: float
+
+
+class _Followers:
+    """M followers of the run's networks on a thread of their own (and their own ZeroMQ context, so
+    that the bytes of big fetches do not hold up the workers' acks in one I/O thread)."""
+
+    def __init__(self, publish: str, count: int, keys: Any) -> None:
+        self.publish, self.keys = publish, keys
+        self.ctx = zmq.Context()
+        self.subs = []
+        for _ in range(count):
+            sub = self._socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            sub.connect(publish)
+            self.subs.append(sub)
+        self.have = [-1] * count                    # the generation each has swapped to
+        self.wanted: list[Optional[NetworkAnnouncement]] = [None] * count
+        self.fetching: list[Optional[_Fetch]] = [None] * count
+        self.failed: list[set[int]] = [set() for _ in range(count)]
+        self.results: list[dict] = []              # one per fetch: generation, follower, bytes, seconds, error
+        self.heard: dict[int, float] = {}          # generation -> when a follower first heard it (monotonic)
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="bench-fleet-followers", daemon=True)
+        self.thread.start()
+
+    def _socket(self, kind: int) -> Any:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:
+            self.keys.apply(sock)
+        return sock
+
+    def newest(self) -> int:
+        """The newest generation every follower has swapped to (-1: none yet)."""
+        return min(self.have) if self.have else -1
+
+    def done(self, generation: int) -> bool:
+        """Whether every follower has swapped to ``generation`` (or a newer one) or given it up."""
+        return all(have >= generation or generation in failed for have, failed in zip(self.have, self.failed))
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for sub in self.subs:
+            poller.register(sub, zmq.POLLIN)
+        owner = {sub: i for i, sub in enumerate(self.subs)}
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(50):
+                    i = owner[sock]
+                    if sock is self.subs[i]:
+                        self._announcements(i)
+                    else:
+                        poller.unregister(sock)
+                        del owner[sock]
+                        self._complete(i)
+                now = time.monotonic()
+                for i, fetch in enumerate(self.fetching):
+                    if fetch is not None and now - fetch.started > FETCH_TIMEOUT_S:
+                        poller.unregister(fetch.socket)
+                        del owner[fetch.socket]
+                        self._finish(i, f"no reply within {FETCH_TIMEOUT_S:g} s (where the real follower gives up)")
+                    if self.fetching[i] is None and self.wanted[i] is not None:
+                        fetch = self._start(i)
+                        if fetch is not None:
+                            poller.register(fetch.socket, zmq.POLLIN)
+                            owner[fetch.socket] = i
+        except BaseException as e:  # noqa: BLE001 - the report says the followers failed, and why
+            self.error = e
+
+    def _announcements(self, i: int) -> None:
+        for _ in range(64):
+            try:
+                frames = self.subs[i].recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                a = decode_network_announcement(frames)
+            except AnnouncementError:
+                continue
+            with self.lock:
+                self.heard.setdefault(a.generation, time.monotonic())
+            current = self.fetching[i]
+            newest = max(self.have[i], current.announcement.generation if current else -1)
+            if a.generation > newest and a.generation not in self.failed[i]:
+                self.wanted[i] = a
+
+    def _start(self, i: int) -> Optional[_Fetch]:
+        a, self.wanted[i] = self.wanted[i], None
+        assert a is not None
+        if a.fetch is None:
+            self._record(i, a, 0, 0.0, "the daemon announced no fetch endpoint")
+            return None
+        sock = self._socket(zmq.DEALER)
+        # as the real follower: a frame over a chunk (and CURVE's framing) drops the peer
+        sock.setsockopt(zmq.MAXMSGSIZE, FETCH_CHUNK_BYTES + MAX_HEADER_BYTES)
+        sock.connect(peer_endpoint(a.fetch, self.publish, "fetch endpoint", "the publish endpoint"))
+        sock.send_multipart(encode_fetch_request(a.generation, a.sha256))
+        self.fetching[i] = _Fetch(a, sock, time.monotonic())
+        return self.fetching[i]
+
+    def _complete(self, i: int) -> None:
+        fetch = self.fetching[i]
+        assert fetch is not None
+        a = fetch.announcement
+        frames = fetch.socket.recv_multipart(copy=False)
+        try:
+            reply = decode_fetch_reply(frames[0])
+        except AnnouncementError as e:
+            self._finish(i, f"malformed reply: {e}")
+            return
+        if reply.refused is not None:
+            self._finish(i, f"refused: {reply.refused}")
+            return
+        if (reply.generation, reply.sha256) != (a.generation, a.sha256) or len(frames) - 1 != reply.chunks:
+            self._finish(i, f"a reply for generation {reply.generation} in {len(frames) - 1} frames, not generation "
+                            f"{a.generation} in {reply.chunks}")
+            return
+        digest, size = hashlib.sha256(), 0
+        for frame in frames[1:]:
+            digest.update(frame.buffer)
+            size += len(frame.buffer)
+        if size != reply.size or digest.hexdigest() != a.sha256:
+            self._finish(i, f"{size} bytes of sha256 {digest.hexdigest()[:12]}, not the {reply.size} announced of "
+                            f"{a.sha256[:12]}")
+            return
+        self._finish(i, None, size)
+
+    def _finish(self, i: int, error: Optional[str], size: int = 0) -> None:
+        fetch = self.fetching[i]
+        assert fetch is not None
+        fetch.socket.close(0)
+        self.fetching[i] = None
+        self._record(i, fetch.announcement, size, time.monotonic() - fetch.started, error)
+
+    def _record(self, i: int, a: NetworkAnnouncement, size: int, seconds: float, error: Optional[str]) -> None:
+        with self.lock:
+            self.results.append({"generation": a.generation, "follower": i, "bytes": size, "seconds": seconds,
+                                 "sha256": a.sha256, "error": error, "end": time.monotonic()})
+        if error is None:
+            self.have[i] = max(self.have[i], a.generation)  # the swap
+        else:
+            self.failed[i].add(a.generation)
+
+    def close(self) -> None:
+        if self.ctx.closed:
+            return
+        self._stop.set()
+        self.thread.join(10.0)
+        for fetch in self.fetching:
+            if fetch is not None:
+                fetch.socket.close(0)
+        for sub in self.subs:
+            sub.close(0)
+        self.ctx.term()
+
+
+def write_generation(run_dir: str, size: int, seed: int) -> dict:
+    """A synthetic generation of ``size`` random bytes, as the learner exports one: the file atomically
+    under networks/, then its line in generations.jsonl (which the daemon polls); returns the line."""
+    lines = read_jsonl(os.path.join(run_dir, GENERATIONS))
+    generation = 1 + max((r["generation"] for r in lines if isinstance(r.get("generation"), int)), default=-1)
+    data = np.random.default_rng(seed).bytes(size)
+    path = os.path.join(run_dir, NETWORK % generation)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write_bytes(path, data)
+    record = {"generation": generation, "step": 0, "onnx": os.path.relpath(path, run_dir), "sha256": sha256_bytes(data),
+              "time": time.time(), "weights": "raw", "val": {}, "synthetic": "bench fleet: random bytes"}
+    append_jsonl(os.path.join(run_dir, GENERATIONS), record)
+    return record
+
+
+# --------------------------------------------------------------------------- the daemon and its samples
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by kind: its main thread (the daemon's loop: receive, decode,
+    store, ack), ZeroMQ's I/O threads, and its other threads (the announcer, which serves fetches)."""
+    out: collections.Counter[str] = collections.Counter()
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
+        return {}
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread.id}/comm", encoding="utf-8") as f:
+                comm = f.read().strip()
+        except OSError:
+            comm = "?"
+        kind = ("main thread" if thread.id == pid else "ZeroMQ threads" if comm.startswith("ZMQbg")
+                else "other threads")
+        out[kind] += thread.user_time + thread.system_time
+    return dict(out)
+
+
+def _peak_rss(pid: int) -> Optional[int]:
+    """The kernel's high-water mark of the process's resident memory (Linux's VmHWM), in bytes."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class _Sampler:
+    """The daemon's resident memory every SAMPLE_S, and its CPU, this process's and the fleet thread's
+    every fourth sample (percent of one core), on a thread of its own."""
+
+    def __init__(self, pid: int, fleet_thread: int) -> None:
+        self.daemon = psutil.Process(pid)
+        self.me = psutil.Process()
+        self.fleet_thread = fleet_thread
+        self.rss: list[tuple[float, int]] = []
+        self.cpu: list[tuple[float, float, float, float, float]] = []   # t, daemon, bench, fleet thread, machine
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-fleet-sampler", daemon=True)
+        self.thread.start()
+
+    def _thread_time(self) -> float:
+        return next((t.user_time + t.system_time for t in self.me.threads() if t.id == self.fleet_thread), 0.0)
+
+    def _run(self) -> None:
+        self.daemon.cpu_percent(None)
+        self.me.cpu_percent(None)
+        psutil.cpu_percent(None)
+        last, last_thread = time.monotonic(), self._thread_time()
+        k = 0
+        while not self._stop.wait(SAMPLE_S):
+            now = time.monotonic()
+            try:
+                self.rss.append((now, self.daemon.memory_info().rss))
+                k += 1
+                if k % 4 == 0:
+                    thread = self._thread_time()
+                    self.cpu.append((now, self.daemon.cpu_percent(None), self.me.cpu_percent(None),
+                                     100.0 * (thread - last_thread) / max(now - last, 1e-6), psutil.cpu_percent(None)))
+                    last, last_thread = now, thread
+            except psutil.Error:
+                return  # the daemon is gone: the main loop sees it too
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(5.0)
+
+
+class _DaemonProcess:
+    """``cyzero-train run RUN`` started here with no local worker and no learner (or one attached to)."""
+
+    def __init__(self, run_dir: str, *, attach: bool, profile: Optional[str], log: Callable[[str], None]) -> None:
+        self.run_dir, self.log = run_dir, log
+        self.proc: Optional[subprocess.Popen] = None
+        self.profile = profile
+        self.stderr_path = os.path.join(run_dir, "logs", "bench-fleet-daemon.stderr")
+        self.started_s = 0.0
+        self.info: dict = {}  # RUN/daemon.json: its pid and endpoints
+        if attach:
+            info = self._daemon_json()
+            if info is None or not psutil.pid_exists(info["pid"]):
+                raise ValueError(f"--attach: no daemon serves {run_dir} (its daemon.json names no running process)")
+            self.info = info
+            return
+        command = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else []) + [
+            "-m", "trainer.cli", "run", run_dir, "--port", "auto", "--config", os.path.join(run_dir, BENCH_CONFIG),
+            "--devices", "cpu", "--workers-per-device", "0", "--learner-devices", "none"]
+        os.makedirs(os.path.dirname(self.stderr_path), exist_ok=True)
+        start = time.monotonic()
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                         env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())})
+        log(f"started the daemon (pid {self.proc.pid}{', under cProfile' if profile else ''}); waiting for it to serve "
+            f"(generation 0 is made first)")
+        while True:
+            info = self._daemon_json()
+            if info is not None and info.get("pid") == self.proc.pid:
+                self.info = info
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited with code {self.proc.returncode} before serving: "
+                                   f"{self.tail()}")
+            if time.monotonic() - start > START_TIMEOUT_S:
+                self.stop()
+                raise RuntimeError(f"the daemon did not serve within {START_TIMEOUT_S:g} s: {self.tail()}")
+            time.sleep(0.2)
+        self.started_s = time.monotonic() - start
+
+    def _daemon_json(self) -> Optional[dict]:
+        from trainer.daemon import DAEMON_FILE
+
+        try:
+            with open(os.path.join(self.run_dir, DAEMON_FILE), encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else int(self.info["pid"])
+
+    def exited(self) -> Optional[int]:
+        if self.proc is not None:
+            return self.proc.poll()
+        return None if psutil.pid_exists(self.pid) else -1
+
+    def tail(self, lines: int = 8) -> str:
+        try:
+            with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
+                return " | ".join(line.strip() for line in f.readlines()[-lines:])
+        except OSError:
+            return "(no output)"
+
+    def stop(self) -> dict:
+        """SIGINT and wait, as Ctrl-C stops it; killed after STOP_TIMEOUT_S. What happened, for the report."""
+        if self.proc is None:
+            return {"stopped": None, "note": "attached: left running"}
+        start = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return {"stopped": False, "note": f"did not stop within {STOP_TIMEOUT_S:g} s of SIGINT: killed"}
+        return {"stopped": code == 0, "exit_code": code, "stop_s": time.monotonic() - start}
+
+
+def _profile_top(path: str, count: int = 12) -> dict:
+    """The daemon's main thread's time by function (cProfile sees that thread only), the heaviest first."""
+    import pstats
+
+    stats = pstats.Stats(path)
+    rows = [{"function": f"{os.path.basename(file)}:{line}({name})", "calls": nc, "tottime_s": tt, "cumtime_s": ct}
+            for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()]  # type: ignore[attr-defined]
+    return {"total_s": stats.total_tt,  # type: ignore[attr-defined]
+            "by_own_time": sorted(rows, key=lambda r: -r["tottime_s"])[:count],
+            "by_cumulative_time": sorted(rows, key=lambda r: -r["cumtime_s"])[:count]}
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def _manifest_adds(run_dir: str) -> list[dict]:
+    return [r for r in read_jsonl(os.path.join(run_dir, MANIFEST))
+            if r.get("op") == "add" and isinstance(r.get("name"), str)]
+
+
+def _size(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
+
+
+def _store_state(run_dir: str) -> dict:
+    return {"chunks": {r["name"] for r in _manifest_adds(run_dir)},
+            "manifest_bytes": _size(os.path.join(run_dir, MANIFEST)),
+            "pgn_bytes": _size(os.path.join(run_dir, "pgn"))}
+
+
+def check_store(run_dir: str, acked_ids: set[str], before: dict, window: tuple[float, float]) -> dict:
+    """The chunks stored since ``before`` (:func:`_store_state`) against the acknowledged ids: each
+    acknowledged id in the manifest exactly once; the rate of the chunks made within ``window`` (unix
+    times); their bytes on disk per position."""
+    from trainer.records import RECORD_BYTES
+
+    adds = _manifest_adds(run_dir)
+    counts = collections.Counter(i for r in adds for i in (r.get("game_ids") or []) if isinstance(i, str))
+    new = [r for r in adds if r["name"] not in before["chunks"]]
+    new_ids = {i for r in new for i in (r.get("game_ids") or []) if isinstance(i, str)}
+    missing = sorted(i for i in acked_ids if counts[i] == 0)
+    duplicated = sorted(i for i in acked_ids if counts[i] > 1)
+    positions = sum(int(r.get("positions", 0)) for r in new)
+    chunk_bytes = sum(_size(os.path.join(run_dir, "replay", "chunks", r["name"])) for r in new)
+    inside = [r for r in new if window[0] <= float(r.get("time", 0)) <= window[1]]
+    span = max(window[1] - window[0], 1e-9)
+    per_position = (lambda n: n / positions if positions else None)
+    return {
+        "chunks": len(new), "games": sum(int(r.get("games", 0)) for r in new), "positions": positions,
+        "games_per_s": sum(int(r.get("games", 0)) for r in inside) / span,
+        "positions_per_s": sum(int(r.get("positions", 0)) for r in inside) / span,
+        "positions_per_chunk": positions / len(new) if new else None,
+        "bytes_per_position": {
+            "chunks": per_position(chunk_bytes),
+            "manifest": per_position(_size(os.path.join(run_dir, MANIFEST)) - before["manifest_bytes"]),
+            "pgn": per_position(_size(os.path.join(run_dir, "pgn")) - before["pgn_bytes"]),
+            "record": RECORD_BYTES,
+        },
+        "cache_bytes": _size(os.path.join(run_dir, "replay", "cache")),
+        "acked_missing": len(missing), "acked_duplicated": len(duplicated), "missing_examples": missing[:5],
+        "stored_twice": sum(1 for i in new_ids if counts[i] > 1),
+        "stored_not_acked": len(new_ids - acked_ids),
+        "every_acked_stored_once": not missing and not duplicated,
+    }
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetResult:
+    """The report's figures (JSON), the ids of every game the daemon acknowledged, and whether nothing
+    went wrong (``figures["problems"]`` says what did)."""
+
+    figures: dict
+    acked_ids: frozenset
+    ok: bool
+
+
+def _machine() -> dict:
+    model = "?"
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "?":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = sorted(v for v in value.split() if v.startswith(("avx", "sha_ni")))
+    except OSError:
+        pass
+    return {"cpu": model, "flags": flags, "cores": os.cpu_count(), "load_at_start": list(os.getloadavg()),
+            "memory_gb": psutil.virtual_memory().total / 1e9}
+
+
+def _check_count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _check_inputs(workers: int, followers: int, positions: int, seconds: float, rate: Optional[float],
+                  per_worker: float, generations: Optional[int], network_mb: float, attach: bool, curve: bool,
+                  profile: Optional[str]) -> tuple[float, int, int]:
+    """(the fleet's games/s, generations, network bytes) from the arguments; ValueError for a bad one."""
+    _check_count("--workers", workers, 0)
+    _check_count("--followers", followers, 0)
+    if _check_count("--positions-per-game", positions, 1) > MAX_POSITIONS_PER_GAME:
+        raise ValueError(f"--positions-per-game must be at most {MAX_POSITIONS_PER_GAME}, got {positions}")
+    if workers == 0 and followers == 0:
+        raise ValueError("nothing to simulate: give --workers or --followers")
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and 0 < seconds <= 3600):
+        raise ValueError(f"--seconds must be more than 0 and at most 3600, got {seconds!r}")
+    if rate is None:
+        if not (math.isfinite(per_worker) and per_worker > 0):
+            raise ValueError(f"--games-per-hour-per-worker must be more than 0, got {per_worker!r}")
+        rate = workers * per_worker / 3600.0
+    elif not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"--rate must be more than 0 games/s, got {rate!r}")
+    generations = _check_count("--generations", (1 if followers else 0) if generations is None else generations, 0)
+    size = 0
+    if generations:
+        if not (math.isfinite(network_mb) and 0 < network_mb * 1e6 <= MAX_NETWORK_BYTES):
+            raise ValueError(f"--network-mb must be more than 0 and at most the {MAX_NETWORK_BYTES / 1e6:,.0f} MB a "
+                             f"fetch accepts (engine.announce.MAX_NETWORK_BYTES), got {network_mb!r}")
+        size = max(1, round(network_mb * 1e6))
+        need = (2 * followers + 2) * size
+        available = psutil.virtual_memory().available
+        if need > 0.8 * available:
+            raise ValueError(f"{followers} followers of a {size / 1e6:,.0f} MB network may want {need / 1e9:,.1f} GB "
+                             f"(the daemon holds a copy a follower while it sends, each follower receives it whole), "
+                             f"more than 80% of the {available / 1e9:,.1f} GB available: use fewer --followers")
+    if attach and (curve or profile):
+        raise ValueError("--curve and --profile start a daemon; --attach uses the one serving the run")
+    return rate, generations, size
+
+
+def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, workers: int = 64,
+                rate: Optional[float] = None, games_per_hour_per_worker: float = GAMES_PER_HOUR_PER_WORKER,
+                positions_per_game: int = POSITIONS_PER_GAME, seconds: float = 60.0, followers: int = 0,
+                network_mb: float = 10.0, generations: Optional[int] = None, attach: bool = False,
+                curve: bool = False, profile: Optional[str] = None,
+                log: Callable[[str], None] = _stderr) -> FleetResult:
+    """Run the simulated fleet against the daemon for ``seconds`` and check the store; see the module.
+
+    ``run_dir``: the run (None: a new temporary folder, removed at the end); ``config``: the started
+    daemon's config (a bundled name or a file; default: the run's), without the ladder and gating;
+    ``rate``: the fleet's games/s (None: ``workers`` x ``games_per_hour_per_worker``); ``generations``:
+    new networks of ``network_mb`` MB published over the run (None: one when there are followers);
+    ``curve``: the started daemon gets CurveZMQ keys; ``profile``: the daemon runs under cProfile,
+    which writes this file. ValueError for bad input, RuntimeError when the daemon cannot be used."""
+    from trainer.config import default_config, load_config, load_effective_config, load_named_config, to_toml
+
+    rate, generations, size = _check_inputs(workers, followers, positions_per_game, seconds, rate,
+                                            games_per_hour_per_worker, generations, network_mb, attach, curve, profile)
+    temporary = run_dir is None
+    run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cyzero-fleet-"))
+    daemon: Optional[_DaemonProcess] = None
+    fleet: Optional[_Fleet] = None
+    follow: Optional[_Followers] = None
+    sampler: Optional[_Sampler] = None
+    try:
+        marker = os.path.join(run_dir, BENCH_CONFIG)
+        if (attach or (os.path.isdir(run_dir) and os.listdir(run_dir))) and not os.path.exists(marker):
+            raise ValueError(f"{run_dir} is not a run this bench made (no {BENCH_CONFIG}): it writes synthetic games "
+                             "and networks into its run, so it takes a new folder or one it made")
+        if attach:
+            cfg = load_effective_config(run_dir)
+        else:
+            cfg = load_named_config(config) if config else load_config(marker) if os.path.exists(marker) else \
+                default_config()
+            cfg = cfg.replace(ladder={"enabled": False}, gating={"enabled": False},
+                              daemon={"keys": "keys"} if curve else {})
+            os.makedirs(run_dir, exist_ok=True)
+            atomic_write_text(marker, to_toml(cfg))
+        machine = _machine()
+        templates = template_games(cfg.model.input_format, positions_per_game,
+                                   full_search_prob=cfg.selfplay.full_search_prob, visits=cfg.selfplay.visits) \
+            if workers else []
+        daemon = proc = _DaemonProcess(run_dir, attach=attach, profile=profile, log=log)
+        keys = None
+        if proc.info.get("keys"):
+            folder = os.path.expanduser(cfg.daemon.keys)
+            keys = load_client_keys(os.path.join(folder if os.path.isabs(folder) else os.path.join(run_dir, folder),
+                                                 "clients", "local"))
+        before = _store_state(run_dir)
+        threads_before = _thread_cpu(proc.pid)
+        sampler = _Sampler(proc.pid, threading.get_native_id())
+        follow = _Followers(proc.info["publish"], followers, keys) if followers else None
+        state = {"generation": 0}
+        fleet = _Fleet(proc.info["endpoint"], workers, rate, templates, keys, lambda: state["generation"]) \
+            if workers else None
+        problems: list[str] = []
+        progress = {"next": 0.0, "acked": 0, "at": time.monotonic()}
+
+        def tick(now: float) -> bool:
+            """Watch the daemon and the followers, say where the run is; False stops the run."""
+            code = proc.exited()
+            if code is not None:
+                problems.append(f"the daemon exited (code {code}) during the run: {proc.tail()}")
+                return False
+            if follow is not None:
+                if follow.error is not None:
+                    problems.append(f"the followers' thread failed: {type(follow.error).__name__}: {follow.error}")
+                    return False
+                state["generation"] = max(state["generation"], follow.newest())
+            if now >= progress["next"]:
+                log(_progress_line(now, fleet, follow, sampler, progress))
+                progress["next"] = now + PROGRESS_S
+            return True
+
+        if fleet is not None:
+            try:
+                fleet.register(REGISTER_TIMEOUT_S, tick)
+            except RuntimeError as e:
+                raise RuntimeError("; ".join([str(e), *problems])) from None
+            state["generation"] = next((w.registered.generation or 0 for w in fleet.workers if w.registered), 0)
+        log(f"{workers} workers at {rate:,.1f} games/s in all, {followers} followers, for {seconds:g} s")
+        t0, wall0 = time.monotonic(), time.time()
+        published: list[tuple[dict, float]] = []
+        publisher = threading.Thread(target=_publish, name="bench-fleet-generations", daemon=True,
+                                     args=(run_dir, generations, size, t0, seconds, published, problems, log))
+        publisher.start()
+        if fleet is not None:
+            fleet.t0 = t0
+            fleet.serve(t0 + seconds, schedule=True, tick=tick)
+        else:
+            _idle(t0 + seconds, tick)
+        schedule_end = time.monotonic()
+        drain_start = time.monotonic()
+        if fleet is not None and not problems:
+            fleet.serve(drain_start + DRAIN_S, schedule=False, tick=tick, until_empty=True)
+        drain_s = time.monotonic() - drain_start
+        publisher.join()
+        if follow is not None:  # the last fetches (heartbeats go on meanwhile)
+            deadline = time.monotonic() + FETCH_TIMEOUT_S + 10.0
+            while not problems and not all(follow.done(r["generation"]) for r, _ in published) \
+                    and time.monotonic() < deadline:
+                if fleet is not None:
+                    fleet.serve(time.monotonic() + 0.5, schedule=False, tick=tick)
+                else:
+                    _idle(time.monotonic() + 0.5, tick)
+        threads_after = _thread_cpu(proc.pid)
+        peak = _peak_rss(proc.pid)
+        if fleet is not None:
+            fleet.close()
+        if follow is not None:
+            follow.close()
+        stopped = proc.stop()
+        sampler.close()
+        profile_top = _profile_top(profile) if profile and os.path.isfile(profile) else None
+        store = check_store(run_dir, fleet.acked_ids if fleet else set(), before, (wall0, wall0 + seconds))
+        timeline = _timeline(fleet, sampler, t0, seconds)
+        figures: dict[str, Any] = {
+            "machine": machine,
+            "run_dir": "(a temporary folder, removed)" if temporary else run_dir,
+            "config": config or ("the run's" if not temporary else "the defaults"),
+            "fleet": {"workers": workers, "rate_games_per_s": rate, "seconds": seconds, "followers": followers,
+                      "games_per_hour_per_worker": rate * 3600.0 / workers if workers else None,
+                      "positions_per_game": float(np.mean([len(t.records) for t in templates])) if templates else None,
+                      "input_format": cfg.model.input_format},
+            "timeline": timeline,
+            "ingest": _ingest_figures(fleet, seconds, drain_s, timeline) if fleet else None,
+            "generator": _generator_figures(fleet, sampler, t0, schedule_end),
+            "daemon": _daemon_figures(proc, sampler, t0, seconds, threads_before, threads_after, peak, stopped,
+                                      profile, profile_top),
+            "store": store,
+            "followers": _follower_figures(follow, published, sampler, size) if follow else None,
+        }
+        figures["problems"] = problems + _problems(figures)
+        return FleetResult(figures, frozenset(fleet.acked_ids if fleet else ()), not figures["problems"])
+    finally:
+        if fleet is not None:
+            fleet.close()
+        if follow is not None:
+            follow.close()
+        if daemon is not None and daemon.exited() is None:
+            daemon.stop()
+        if sampler is not None:
+            sampler.close()
+        if temporary:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _idle(until: float, tick: Callable[[float], bool]) -> bool:
+    """Tick about once a second until ``until``; False when a tick stopped the run."""
+    while time.monotonic() < until:
+        if not tick(time.monotonic()):
+            return False
+        time.sleep(min(1.0, max(0.0, until - time.monotonic())))
+    return True
+
+
+def _publish(run_dir: str, generations: int, size: int, t0: float, seconds: float, published: list,
+             problems: list, log: Callable[[str], None]) -> None:
+    """Write the run's synthetic generations, spread evenly over the run (the i-th at i/(K+1) of it)."""
+    for i in range(generations):
+        wait = t0 + seconds * (i + 1) / (generations + 1) - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        try:
+            record = write_generation(run_dir, size, seed=i)
+        except OSError as e:
+            problems.append(f"generation not written: {e}")
+            return
+        published.append((record, time.monotonic()))
+        log(f"wrote generation {record['generation']} ({size / 1e6:,.1f} MB of random bytes)")
+
+
+def _progress_line(now: float, fleet: Optional[_Fleet], follow: Optional[_Followers], sampler: Optional[_Sampler],
+                   progress: dict) -> str:
+    parts = []
+    if fleet is not None and fleet.t0:
+        acked = len(fleet.acks)
+        rate = (acked - progress["acked"]) / max(now - progress["at"], 1e-9)
+        progress["acked"], progress["at"] = acked, now
+        parts.append(f"{now - fleet.t0:5.0f} s: {fleet.made:,} games made, {acked:,} acknowledged ({rate:,.1f}/s "
+                     f"lately), {fleet.held_total:,} awaiting acks"
+                     + (f", {len(fleet.holds):,} holds" if fleet.holds else ""))
+    if sampler is not None and sampler.cpu:
+        _, daemon_cpu, bench_cpu, _, machine = sampler.cpu[-1]
+        parts.append(f"daemon {daemon_cpu:.0f}% CPU, {sampler.rss[-1][1] / 1e6:,.0f} MB; bench {bench_cpu:.0f}% CPU; "
+                     f"machine {machine:.0f}%")
+    if follow is not None:
+        parts.append(f"followers at generation {follow.newest()}, {len(follow.results)} fetches done")
+    return "; ".join(parts) or "starting"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _window(samples: list, t0: float, t1: float) -> list:
+    return [s for s in samples if t0 <= s[0] <= t1]
+
+
+def _timeline(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, seconds: float, parts: int = 10) -> list[dict]:
+    """The run in ``parts`` equal spans: games acknowledged a second, the daemon's mean CPU and last RSS,
+    this process's mean CPU."""
+    points = []
+    for i in range(1, parts + 1):
+        a, b = seconds * (i - 1) / parts, seconds * i / parts
+        acks = [x for x in (fleet.acks if fleet else []) if a < x[0] <= b]
+        cpu = _window(sampler.cpu, t0 + a, t0 + b)
+        rss = _window(sampler.rss, t0 + a, t0 + b)
+        points.append({"t_s": b, "acked_games_per_s": len(acks) / (b - a),
+                       "acked_positions_per_s": sum(x[1] for x in acks) / (b - a),
+                       "daemon_cpu_percent": float(np.mean([s[1] for s in cpu])) if cpu else None,
+                       "daemon_rss_mb": rss[-1][1] / 1e6 if rss else None,
+                       "bench_cpu_percent": float(np.mean([s[2] for s in cpu])) if cpu else None})
+    return points
+
+
+def _ingest_figures(fleet: _Fleet, seconds: float, drain_s: float, timeline: list[dict]) -> dict:
+    times = np.array([a[0] for a in fleet.acks])
+    positions = np.array([a[1] for a in fleet.acks])
+    inside = times <= seconds
+    return {
+        "dealt": fleet.issued, "made": fleet.made, "sent": fleet.sent, "paused_at_bound": fleet.paused,
+        "unsendable": fleet.unsendable,
+        "resends": fleet.resends, "no_room": fleet.no_room, "acked": len(fleet.acked_ids),
+        "acked_games_per_s": float(inside.sum()) / seconds,
+        "acked_positions_per_s": float(positions[inside].sum()) / seconds,
+        "offered_games_per_s": fleet.made / seconds,
+        "games_per_s_by_span": _stats([p["acked_games_per_s"] for p in timeline[1:]]),  # the first: flushes to come
+        "ack_latency_s": _stats([a[2] for a in fleet.acks]),
+        "made_to_ack_s": _stats([a[3] for a in fleet.acks]),
+        "holds": len(fleet.holds), "hold_reasons": sorted(set(fleet.holds))[:3], "held_back": fleet.held_back,
+        "unacked_at_end": fleet.held_total, "drain_s": drain_s, "repeated_acks": fleet.repeated_acks,
+        "refused": len(fleet.refused), "refused_reasons": sorted(set(fleet.refused))[:3],
+        "errors": len(fleet.errors), "error_reasons": sorted(set(fleet.errors))[:3], "stops": fleet.stops,
+        "malformed": fleet.malformed, "unhandled": dict(fleet.unhandled),
+    }
+
+
+def _generator_figures(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, t1: float) -> dict:
+    """This process's CPU and the schedule's lag over the run, and whether they make it the bottleneck."""
+    cpu = _window(sampler.cpu, t0, t1)
+    machine = float(np.mean([s[4] for s in cpu])) if cpu else None
+    figures: dict[str, Any] = {"cpu_percent": float(np.mean([s[2] for s in cpu])) if cpu else None,
+                               "fleet_thread_cpu_percent": float(np.mean([s[3] for s in cpu])) if cpu else None,
+                               "machine_cpu_percent": machine, "lag_s": _stats(fleet.lags if fleet else []),
+                               "bottleneck": [], "machine_busy": machine is not None and machine > 90}
+    if fleet is None:
+        return figures
+    why: list[str] = figures["bottleneck"]
+    lag = figures["lag_s"]["p99"]
+    if lag is not None and lag > 0.1:
+        why.append(f"its sends lagged the schedule by {lag:.2f} s at the 99th percentile")
+    if figures["fleet_thread_cpu_percent"] is not None and figures["fleet_thread_cpu_percent"] > 85:
+        why.append(f"its fleet thread used {figures['fleet_thread_cpu_percent']:.0f}% of a core")
+    return figures
+
+
+def _daemon_figures(daemon: _DaemonProcess, sampler: _Sampler, t0: float, seconds: float, before: dict, after: dict,
+                    peak: Optional[int], stopped: dict, profile: Optional[str], profile_top: Optional[dict]) -> dict:
+    cpu = _window(sampler.cpu, t0, t0 + seconds)
+    rss = _window(sampler.rss, t0, t0 + seconds)
+    threads = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in sorted(set(before) | set(after))}
+    return {"pid": daemon.pid, "start_s": daemon.started_s, "cpu_percent": _stats([s[1] for s in cpu]),
+            "rss_mb": _stats([s[1] / 1e6 for s in rss]), "peak_rss_mb": peak / 1e6 if peak else None,
+            "thread_cpu_s": threads, **stopped, "profile": profile, "profile_top": profile_top}
+
+
+def _follower_figures(follow: _Followers, published: list, sampler: _Sampler, size: int) -> dict:
+    rows = []
+    for generation in sorted({r["generation"] for r in follow.results}):
+        results = [r for r in follow.results if r["generation"] == generation]
+        good = [r for r in results if r["error"] is None]
+        ours = next((p for p in published if p[0]["generation"] == generation), None)
+        row: dict[str, Any] = {"generation": generation, "bench_made": ours is not None,
+                               "bytes": good[0]["bytes"] if good else None, "verified": len(good),
+                               "failed": len(results) - len(good),
+                               "errors": sorted({r["error"] for r in results if r["error"]})[:3],
+                               "fetch_s": _stats([r["seconds"] for r in good]),
+                               "mb_per_s_each": _stats([r["bytes"] / 1e6 / max(r["seconds"], 1e-9) for r in good])}
+        if good:
+            start = min(r["end"] - r["seconds"] for r in results)
+            end = max(r["end"] for r in results)
+            row["all_fetches_s"] = end - start
+            row["aggregate_mb_per_s"] = sum(r["bytes"] for r in good) / 1e6 / max(end - start, 1e-9)
+            before = [s[1] for s in sampler.rss if s[0] <= start]
+            during = [s[1] for s in sampler.rss if start <= s[0] <= end + SAMPLE_S]
+            row["daemon_rss_before_mb"] = before[-1] / 1e6 if before else None
+            row["daemon_rss_peak_mb"] = max(during) / 1e6 if during else None
+        if ours is not None and generation in follow.heard:
+            row["published_to_heard_s"] = follow.heard[generation] - ours[1]
+        rows.append(row)
+    made = [record["generation"] for record, _ in published]
+    return {"count": len(follow.have), "network_bytes": size, "content": "random bytes",
+            "generations": rows, "every_follower_swapped": all(have >= max(made, default=-1) for have in follow.have)
+            and all(g not in failed for g in made for failed in follow.failed)}
+
+
+def _problems(figures: dict) -> list[str]:
+    """What went wrong: a game acknowledged and not stored once, a refusal, a follower that did not
+    swap, a daemon that did not stop. (A busy generator or machine is a caveat, said in the report.)"""
+    out = []
+    store, ingest, followers, daemon = figures["store"], figures["ingest"], figures["followers"], figures["daemon"]
+    if store["acked_missing"] or store["acked_duplicated"] or store["stored_twice"]:
+        out.append(f"store: {store['acked_missing']} acknowledged games missing, {store['acked_duplicated']} "
+                   f"acknowledged games stored more than once, {store['stored_twice']} games stored twice")
+    if ingest is not None:
+        if ingest["refused"] or ingest["malformed"] or ingest["unhandled"]:
+            out.append(f"ingest: {ingest['refused']} refusals {ingest['refused_reasons']}, {ingest['malformed']} "
+                       f"malformed replies, unhandled replies {ingest['unhandled']}")
+        if ingest["unacked_at_end"]:
+            out.append(f"ingest: {ingest['unacked_at_end']} games sent were not acknowledged {DRAIN_S:g} s after the "
+                       "schedule ended")
+    if followers is not None and not followers["every_follower_swapped"]:
+        failed = [e for row in followers["generations"] for e in row["errors"]]
+        out.append(f"followers: not every follower verified and swapped to the new generations {failed[:3]}")
+    if daemon.get("stopped") is False:
+        out.append(f"daemon: {daemon.get('note') or 'exit code ' + str(daemon.get('exit_code'))}")
+    return out
+
+
+def _f(value: Optional[float], spec: str = ",.1f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _report_ingest(ing: dict, st: dict) -> list[str]:
+    lat, each, b = ing["ack_latency_s"], ing["games_per_s_by_span"], st["bytes_per_position"]
+    return [
+        f"  ingest: {ing['acked_games_per_s']:,.1f} games/s, {ing['acked_positions_per_s']:,.0f} positions/s "
+        f"acknowledged over the run (offered {ing['offered_games_per_s']:,.1f}); each tenth of the run after the "
+        f"first: median {_f(each['p50'])}, min {_f(each['min'])} games/s",
+        f"  ack latency (first send to ack): p50 {_f(lat['p50'], '.3f')} s, p99 {_f(lat['p99'], '.3f')} s, max "
+        f"{_f(lat['max'], '.3f')} s (from the game's end: p99 {_f(ing['made_to_ack_s']['p99'], '.3f')} s); "
+        f"{ing['resends']:,} resends, {ing['paused_at_bound']:,} games skipped by workers at their bound, "
+        f"{ing['unacked_at_end']:,} unacknowledged after {ing['drain_s']:.1f} s of drain",
+        f"  replies: {ing['holds']:,} holds {ing['hold_reasons']} ({ing['held_back']:,} games held back), "
+        f"{ing['errors']} errors {ing['error_reasons']}, {ing['refused']} refused, {ing['stops']} stops, "
+        f"unhandled {ing['unhandled'] or 'none'}",
+        f"  store: {st['games']:,} games, {st['positions']:,} positions in {st['chunks']:,} chunks "
+        f"({_f(st['positions_per_chunk'], ',.0f')} positions a chunk); by the manifest {st['games_per_s']:,.1f} "
+        f"games/s, {st['positions_per_s']:,.0f} positions/s over the run",
+        f"  on disk a position: chunks {_f(b['chunks'], ',.0f')} B (a record is {b['record']:,} B), manifest "
+        f"{_f(b['manifest'], ',.1f')} B, PGN {_f(b['pgn'], ',.1f')} B; cache {st['cache_bytes']:,} B",
+        f"  every acknowledged game stored once: {'yes' if st['every_acked_stored_once'] else 'NO'} "
+        f"({st['acked_missing']} missing, {st['acked_duplicated']} duplicated, {st['stored_not_acked']} stored "
+        "without an ack seen)"]
+
+
+def _report_daemon(d: dict, timeline: list[dict]) -> list[str]:
+    cpu, rss = d["cpu_percent"], d["rss_mb"]
+    lines = [f"  daemon: CPU {_f(cpu['min'], '.0f')}/{_f(cpu['p50'], '.0f')}/{_f(cpu['max'], '.0f')}% "
+             f"(min/median/max, of one core), RSS {_f(rss['min'], ',.0f')}/{_f(rss['p50'], ',.0f')}/"
+             f"{_f(rss['max'], ',.0f')} MB, peak {_f(d['peak_rss_mb'], ',.0f')} MB"
+             + ("" if d.get("stopped") is None else f"; started in {d['start_s']:.1f} s"),
+             "    by tenths of the run (acked games/s, daemon CPU, RSS): " + ", ".join(
+                 f"{p['t_s']:.3g} s {p['acked_games_per_s']:,.0f} g/s {_f(p['daemon_cpu_percent'], '.0f')}% "
+                 f"{_f(p['daemon_rss_mb'], ',.0f')} MB" for p in timeline),
+             "    CPU seconds by thread: " + ", ".join(f"{k} {v:,.1f}" for k, v in d["thread_cpu_s"].items())]
+    if d.get("stopped") is not None:
+        lines.append(f"    stopped by SIGINT: {'yes' if d['stopped'] else 'NO'}"
+                     + (f" in {d['stop_s']:.1f} s" if d.get("stop_s") is not None else f" ({d.get('note', '')})"))
+    if d.get("profile_top"):
+        lines.append(f"    cProfile of its main thread ({d['profile']}, {d['profile_top']['total_s']:.1f} s), "
+                     "by own time:")
+        lines += [f"      {r['tottime_s']:8.2f} s own {r['cumtime_s']:8.2f} s cum {r['calls']:>9,}  {r['function']}"
+                  for r in d["profile_top"]["by_own_time"]]
+    return lines
+
+
+def _report_generator(gen: dict, workers: int) -> str:
+    busy = "; the machine's cores were all busy (the daemon and the bench share them)" if gen["machine_busy"] else ""
+    if not workers:
+        return (f"  bench: {_f(gen['cpu_percent'], '.0f')}% CPU (the followers receive and check the sha256 here), "
+                f"machine {_f(gen['machine_cpu_percent'], '.0f')}%{busy}")
+    verdict = ("THE GENERATOR IS THE BOTTLENECK: " + "; ".join(gen["bottleneck"]) if gen["bottleneck"]
+               else "kept to its schedule")
+    lag = gen["lag_s"]
+    return (f"  generator: {_f(gen['cpu_percent'], '.0f')}% CPU (fleet thread "
+            f"{_f(gen['fleet_thread_cpu_percent'], '.0f')}% of a core), machine "
+            f"{_f(gen['machine_cpu_percent'], '.0f')}%, schedule lag p50 {_f(lag['p50'], '.4f')} s p99 "
+            f"{_f(lag['p99'], '.4f')} s: {verdict}{busy}")
+
+
+def _report_followers(fol: dict) -> list[str]:
+    lines = [f"  followers: {fol['count']}, new networks of {fol['network_bytes'] / 1e6:,.1f} MB of {fol['content']}; "
+             f"every follower verified and swapped: {'yes' if fol['every_follower_swapped'] else 'NO'}"]
+    for row in fol["generations"]:
+        fs, each = row["fetch_s"], row["mb_per_s_each"]
+        origin = "" if row["bench_made"] else " (the run's own network)"
+        errors = f" ({'; '.join(row['errors'])})" if row["errors"] else ""
+        lines.append(f"    generation {row['generation']}{origin}: "
+                     f"{row['verified']} verified, {row['failed']} failed{errors}; a fetch "
+                     f"{_f(fs['min'], '.2f')}-{_f(fs['max'], '.2f')} s (median {_f(fs['p50'], '.2f')}, "
+                     f"{_f(each['p50'], ',.0f')} MB/s each), all in {_f(row.get('all_fetches_s'), '.2f')} s "
+                     f"({_f(row.get('aggregate_mb_per_s'), ',.0f')} MB/s in all); daemon RSS "
+                     f"{_f(row.get('daemon_rss_before_mb'), ',.0f')} MB before, "
+                     f"{_f(row.get('daemon_rss_peak_mb'), ',.0f')} MB at most during them")
+    return lines
+
+
+def format_fleet_report(figures: dict) -> str:
+    """The figures as a few readable lines."""
+    m, f = figures["machine"], figures["fleet"]
+    fleet = (f"{f['workers']} simulated workers at {f['rate_games_per_s']:,.1f} games/s "
+             f"({_f(f['games_per_hour_per_worker'], ',.0f')} games/h a worker, {_f(f['positions_per_game'])} positions "
+             f"a game)") if f["workers"] else "no simulated worker"
+    followers = f"{f['followers']} follower{'' if f['followers'] == 1 else 's'}"
+    lines = [f"cyzero-train bench fleet: {fleet}, {followers}, {f['seconds']:g} s",
+             f"  machine: {m['cpu']}, {m['cores']} cores ({' '.join(m['flags']) or 'no AVX'}), load "
+             f"{m['load_at_start'][0]:.2f} at the start; run {figures['run_dir']}, config {figures['config']}"]
+    if figures["ingest"] is not None:
+        lines += _report_ingest(figures["ingest"], figures["store"])
+    lines += _report_daemon(figures["daemon"], figures["timeline"])
+    lines.append(_report_generator(figures["generator"], f["workers"]))
+    if figures["followers"] is not None:
+        lines += _report_followers(figures["followers"])
+    lines.append("  problems: " + ("; ".join(figures["problems"]) if figures["problems"] else "none"))
+    return "\n".join(lines)
