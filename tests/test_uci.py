@@ -24,7 +24,7 @@ import chess
 import pytest
 
 from engine import __version__
-from test_uci_harness import (REPO, UciEngine, check_pv, infos, info_strings, legal_bestmove,
+from test_uci_harness import (REPO, SessionOutput, UciEngine, check_pv, infos, info_strings, legal_bestmove,
                               long_game, position_command, random_game, uci_moves)
 from uci.options import engine_options
 
@@ -362,23 +362,6 @@ def test_extending_the_position_is_incremental():
     session.close()
 
 
-class _Lines:
-    """A Session's output, with a way to wait for its next bestmove (written on the search thread)."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._bestmove = threading.Event()
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
-        if line.startswith("bestmove"):
-            self._bestmove.set()
-
-    def wait_bestmove(self) -> None:
-        assert self._bestmove.wait(DEADLINE_S), f"no bestmove; output: {self.lines}"
-        self._bestmove.clear()
-
-
 @pytest.mark.parametrize("fen", [None, MATE_IN_1_BLACK])
 def test_a_search_without_a_network_says_why_and_plays_no_move(fen):
     """No network: ``info string error: <why>`` and ``bestmove 0000``, never an invented move."""
@@ -387,7 +370,7 @@ def test_a_search_without_a_network_says_why_and_plays_no_move(fen):
     def no_network(options, log):
         raise RuntimeError("no network in this test")
 
-    out = _Lines()
+    out = SessionOutput(DEADLINE_S)
     session = Session(out, network_manager_factory=no_network)
     try:
         session.handle(f"position fen {fen}" if fen else "position startpos")
@@ -424,7 +407,7 @@ def test_an_empty_clock_without_a_network_still_plays_no_move():
     def no_network(options, log):
         raise RuntimeError("no network in this test")
 
-    out = _Lines()
+    out = SessionOutput(DEADLINE_S)
     session = Session(out, network_manager_factory=no_network)
     try:
         session.handle("isready")
@@ -1010,7 +993,7 @@ def test_a_move_played_unsearched_is_the_networks_policy_choice(fen, how):
     board = chess.Board(fen) if fen else chess.Board()
     assert expected != next(iter(board.legal_moves)).uci()    # the test tells them apart
     manager = _GatedManager(network)
-    out = _Lines()
+    out = SessionOutput(DEADLINE_S)
 
     def write(line: str) -> None:
         out(line)

@@ -433,3 +433,22 @@ def random_game(rng: random.Random, plies: int, board: Optional[chess.Board] = N
         else:
             break
     return board
+
+
+class SessionOutput:
+    """An in-process ``uci.session.Session``'s output lines, with a way to wait for its next
+    bestmove (written on the search thread)."""
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.lines: list[str] = []
+        self.timeout = timeout
+        self._bestmove = threading.Event()
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if line.startswith("bestmove"):
+            self._bestmove.set()
+
+    def wait_bestmove(self) -> None:
+        assert self._bestmove.wait(self.timeout), f"no bestmove; output: {self.lines}"
+        self._bestmove.clear()

@@ -22,7 +22,7 @@ import chess
 import chess.engine
 import pytest
 
-from test_uci_harness import PROMPT_S, REPO, UciEngine, engine_command, info_strings
+from test_uci_harness import PROMPT_S, REPO, SessionOutput, UciEngine, engine_command, info_strings
 
 # How long to listen for a line the engine should not write: the harness's "at once".
 QUIET_S = PROMPT_S
@@ -94,23 +94,6 @@ def test_a_long_silence_keeps_the_newest_lines_and_counts_the_rest():
 # --------------------------------------------------------------------------- the session
 
 
-class _Output:
-    """A Session's output, with a way to wait for a bestmove (written on the search thread)."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._bestmove = threading.Event()
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
-        if line.startswith("bestmove"):
-            self._bestmove.set()
-
-    def wait_bestmove(self) -> None:
-        assert self._bestmove.wait(DEADLINE_S), f"no bestmove; output: {self.lines}"
-        self._bestmove.clear()
-
-
 def _refusal(line: str, missing) -> bool:
     return line.startswith("info string ") and str(missing) in line and "keeping network" in line
 
@@ -120,7 +103,7 @@ def test_a_reload_refused_while_idle_waits_for_the_next_search(tmp_path):
     that (NetworkManager.wait_reloaded), so the silence asserted here is no matter of speed."""
     from uci.session import Session
 
-    out = _Output()
+    out = SessionOutput(DEADLINE_S)
     session = Session(out)
     try:
         session.handle("setoption name Backend value cpu")
