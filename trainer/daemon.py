@@ -921,8 +921,7 @@ class Daemon:
             self._still_waiting()
         finally:
             for identity, ids in holds.items():
-                for i in range(0, len(ids), wire.MAX_ACK_GAMES):
-                    self._send(identity, wire.Hold(HOLD_S, "the daemon is behind", tuple(ids[i:i + wire.MAX_ACK_GAMES])))
+                self._send_ids(identity, ids, lambda part: wire.Hold(HOLD_S, "the daemon is behind", part))
 
     def _still_waiting(self) -> None:
         """A full read left messages waiting: behind once that has lasted BEHIND_AFTER_S."""
@@ -961,6 +960,11 @@ class Daemon:
             self._dropped("a worker is not reading its replies: one dropped")
         except zmq.ZMQError as e:
             self._dropped(f"reply not sent: {e}")
+
+    def _send_ids(self, identity: bytes, ids: list[str], message: Callable[[tuple[str, ...]], Any]) -> None:
+        """``message(ids)`` for game ids (an Ack, a Hold), in as many messages as the wire's limit needs."""
+        for i in range(0, len(ids), wire.MAX_ACK_GAMES):
+            self._send(identity, message(tuple(ids[i:i + wire.MAX_ACK_GAMES])))
 
     def _worker(self, worker_id: str, identity: bytes) -> _Worker:
         """The worker of this id (one the daemon does not know is taken in: it may have restarted)."""
@@ -1065,8 +1069,7 @@ class Daemon:
                 for identity in senders:
                     acks.setdefault(identity, []).append(game.game_id)
         for identity, ids in acks.items():
-            for i in range(0, len(ids), wire.MAX_ACK_GAMES):
-                self._send(identity, wire.Ack(tuple(ids[i:i + wire.MAX_ACK_GAMES])))
+            self._send_ids(identity, ids, wire.Ack)
 
     def _append_pgn(self, generation: int, games: Sequence[wire.Game]) -> None:
         """RUN/pgn/games-gNNNNN.pgn gets the games' PGNs (after their chunk is durable)."""

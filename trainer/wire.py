@@ -567,15 +567,26 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
 _KINDS = frozenset(_TYPES.values())
 
 
-def peek(frames: Sequence[Any]) -> tuple[str, Optional[str]]:
-    """A message's type and, for a game, its id, read from the header alone (no frame is inflated):
-    enough for a daemon that holds games to answer. Raises :class:`WireError`."""
+def _header(frames: Sequence[Any]) -> tuple[str, dict]:
+    """The message's type and header, checked (type known, this side's version)."""
     if not frames:
         raise WireError("no frames: a message starts with its msgpack header")
     header = unpack_header(_buffer(frames[0], 0), WireError)
     kind = header.get("type")
     if not isinstance(kind, str) or kind not in _KINDS:
         raise WireError(f"unknown message type {str(kind)[:40]!r}")
+    version = header.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise WireError(f"header 'version' must be an integer, got {type(version).__name__}")
+    if version != WIRE_VERSION:
+        raise WireError(f"unsupported {kind} message version {version} (this side reads version {WIRE_VERSION})")
+    return kind, header
+
+
+def peek(frames: Sequence[Any]) -> tuple[str, Optional[str]]:
+    """A message's type and, for a game, its id, read from the header alone (no frame is inflated):
+    enough for a daemon that holds games to answer. Raises :class:`WireError`."""
+    kind, header = _header(frames)
     return kind, (_id(header.get("game"), "game") if kind == "game" else None)
 
 
@@ -588,18 +599,8 @@ def decode(frames: Iterable[Any]) -> Message:
         frames = list(frames)
     except TypeError:
         raise WireError(f"expected a list of frames, got {type(frames).__name__}") from None
-    if not frames:
-        raise WireError("no frames: a message starts with its msgpack header")
     if len(frames) > MAX_FRAMES + 1:
         raise WireError(f"{len(frames)} frames, more than a header and {MAX_FRAMES}")
-    header = unpack_header(_buffer(frames[0], 0), WireError)
-    kind = header.get("type")
-    if not isinstance(kind, str) or kind not in _KINDS:
-        raise WireError(f"unknown message type {str(kind)[:40]!r}")
-    version = header.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise WireError(f"header 'version' must be an integer, got {type(version).__name__}")
-    if version != WIRE_VERSION:
-        raise WireError(f"unsupported {kind} message version {version} (this side reads version {WIRE_VERSION})")
+    kind, header = _header(frames)
     arrays = decode_arrays(header.get("frames", []), frames[1:])
     return _decode_fields(kind, header, arrays)
