@@ -117,6 +117,7 @@ TRAIN_CASES = {
     "bench bootstrap": "test_train_bench_bootstrap",
     "bench selfplay": "test_train_bench_until_its_first_figure",
     "bench fleet": "test_train_bench_fleet",
+    "bench store": "test_train_bench_store",
 }
 
 
@@ -330,6 +331,19 @@ def test_train_bench_fleet(tmp_path, torch_installed):
     done = _run(TRAIN + ["bench", "fleet", "--workers", "2", "--rate", "4", "--seconds", "1",
                          "--followers", "1", "--network-mb", "0.1"], tmp_path)
     assert "every acknowledged game stored once: yes" in done.stdout, done.stdout[-2000:]
+
+
+def test_train_bench_store(tmp_path, torch_installed):
+    store = tmp_path / "store"
+    done = _run(TRAIN + ["bench", "store", "--run", str(store), "--positions", "3000", "--window", "2000",
+                         "--batches", "1", "--rank-workers", "0", "--json"], tmp_path)
+    figures = json.loads(done.stdout)
+    assert figures["store"]["positions"] >= 3000 and [r["ranks"] for r in figures["loader"]] == [1, 8, 1, 8]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text("")
+    refused = subprocess.run(TRAIN + ["bench", "store", "--run", str(tmp_path / "run"), "--positions", "10"],
+                             capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=DEADLINE_S)
+    assert refused.returncode == 2 and "not a store `bench store` made" in refused.stderr, refused.stderr
 
 
 @pytest.mark.skipif(STOCKFISH is None, reason="bench bootstrap plays its default teacher, Debian's stockfish: "

@@ -673,3 +673,72 @@ def test_the_learner_samples_only_games_of_the_generations_inside_its_window(tmp
     assert sampler.window_positions < 1000 and oldest_inside >= 1
     assert min(drawn) == oldest_inside and max(drawn) == 9
     assert all(drawn[g] > 0 for g in range(oldest_inside + 1, 10))
+
+
+def _fill_as_the_daemon(store, chunks, games=4, size=10):
+    """Chunks of ``games`` games of ``size`` records, each game its own gzip member (the daemon's
+    write, ``members=``), ids counting up in commit order."""
+    from trainer.records import compress_records
+
+    start = 0
+    for _ in range(chunks):
+        arrays = [_game(np.arange(start + g * size, start + (g + 1) * size)) for g in range(games)]
+        store.append_games(arrays, generation=1, source="selfplay", members=[compress_records(a) for a in arrays])
+        start += games * size
+
+
+def test_without_the_cache_a_daemon_chunk_is_read_game_by_game_and_the_batches_stay_the_same(tmp_path):
+    store = ReplayStore(tmp_path)
+    _fill_as_the_daemon(store, 5)
+    window = WindowConfig(floor=1000, **NO_VAL)
+    readers = []
+
+    class Reader(replay._BatchReader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            readers.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay, "_BatchReader", Reader)
+        with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0,
+                          cache=False) as loader:
+            gzip_batches = [_ids(next(loader)) for _ in range(4)]
+            assert loader.chunk_loads == {"cache": 0, "gzip": 5}
+    # each chunk kept as its compressed bytes, indexed by game: no cache written, no chunk inflated whole
+    assert os.listdir(store.cache_dir) == []
+    assert all(isinstance(c, replay._GzipChunk) and len(c.bounds) == 5 for c in readers[0]._open.values())
+    assert readers[0]._loose_bytes == sum(os.path.getsize(store.chunks_dir / e.name) for e in store.entries())
+    with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
+        assert all(np.array_equal(b, _ids(next(loader))) for b in gzip_batches)
+        assert loader.chunk_loads == {"cache": 5, "gzip": 0}
+    assert len(os.listdir(store.cache_dir)) == 5
+
+
+def test_a_broken_game_read_alone_marks_its_chunk_bad_and_its_positions_are_redrawn(tmp_path, caplog):
+    store = ReplayStore(tmp_path)
+    _fill_as_the_daemon(store, 3)
+    entry = store.entries()[1]
+    path = store.chunks_dir / entry.name
+    raw = bytearray(path.read_bytes())
+    first, _ = replay._member_index(bytes(raw), entry.positions)
+    raw[first[2] + 12:first[3] - 8] = bytes(len(raw[first[2] + 12:first[3] - 8]))   # game 2's deflate data zeroed
+    path.write_bytes(bytes(raw))
+    window = WindowConfig(floor=1000, **NO_VAL)
+    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
+        with ReplayLoader(store, ReplaySampler(store, window, batch_size=64, seed=1), workers=0,
+                          cache=False) as loader:
+            ids = np.concatenate([_ids(next(loader)) for _ in range(3)])
+    assert ((ids < 40) | (ids >= 80)).all()            # chunk 1 holds ids 40-79: none drawn once it was found bad
+    assert list(store.bad_chunks()) == [entry.name]
+    assert any(entry.name in r.getMessage() for r in caplog.records)
+
+
+def test_member_index_reads_only_whole_game_members(tmp_path):
+    from trainer.records import compress_records
+
+    games = [_game(np.arange(i * 7, i * 7 + 7)) for i in range(3)]
+    raw = b"".join(compress_records(g) for g in games)
+    bounds, first = replay._member_index(raw, 21)
+    assert first.tolist() == [0, 7, 14, 21] and bounds[-1] == len(raw)
+    assert replay._member_index(raw, 20) is None                          # the trailers do not add up: read whole
+    assert replay._member_index(gzip.compress(np.concatenate(games).tobytes()), 21) is None   # one member

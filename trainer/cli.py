@@ -3,7 +3,7 @@
 ``run`` (the daemon: self-play workers, the learner, publishing), ``worker`` (self-play
 into a daemon from any machine), ``learn`` (the DDP learner), ``bootstrap`` (supervised
 data from a teacher engine, PGN or lc0 chunks), ``status`` and ``plot`` (what a run is
-doing), ``evaluate`` (generations against generation 0 and a random mover), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay | fleet`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
+doing), ``evaluate`` (generations against generation 0 and a random mover), ``keys`` (CurveZMQ keys), ``bench train | bootstrap | selfplay | fleet | store`` and ``export``. Results go to stdout, progress and errors to stderr. The torch-only
 modules are imported after the arguments are parsed, so that ``--help`` is quick and
 an engine-only install (no torch) gets a message saying what to install. The run
 directory's layout is in ``docs/training.md``.
@@ -242,15 +242,18 @@ def _build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--simulate-gpu", action="store_true",
                         help="on cuda:N, run the network on the GPU stand-in (engine.tools.gpu_standin)")
 
-    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay | fleet)",
+    bench = sub.add_parser("bench", help="trainer benchmarks (bench train | bootstrap | selfplay | fleet | store)",
                            description="Benchmarks of the training system, measured side by side in one run.")
-    bench.add_argument("what", choices=["train", "bootstrap", "selfplay", "fleet"],
+    bench.add_argument("what", choices=["train", "bootstrap", "selfplay", "fleet", "store"],
                        help="train: learner, raw step and loader samples/s; "
                             "bootstrap: the teacher's ms a position at each depth and MultiPV; "
                             "selfplay: evaluations/s in self-play against raw batched inference, games/hour; "
                             "fleet: simulated self-play workers and network followers against a real daemon on "
                             "this machine (games and positions stored a second, ack latency, the daemon's CPU "
-                            "and memory, every acknowledged game found in the store once)")
+                            "and memory, every acknowledged game found in the store once); "
+                            "store: a synthetic replay store of --positions as the daemon writes it (bytes a "
+                            "position, the cache it wants, the manifest's load time, the sampler's memory, the "
+                            "loader's samples/s from the cache and from gzip for 1 and 8 ranks)")
     bench.add_argument("--teacher", metavar="CMD", default=None, help="(bootstrap) teacher command (default stockfish)")
     bench.add_argument("--seconds", type=float, default=None,
                        help="seconds of play per setting (bootstrap: 10; selfplay: 20); fleet: of the schedule (60)")
@@ -274,7 +277,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="(train) on this run's replay store and config (network, batch, loader workers, "
                             "learner threads), beside the rate its learner logged under the daemon; (fleet) the "
                             "run the daemon serves: a new folder or one the bench made (default: a temporary "
-                            "one, removed at the end)")
+                            "one, removed at the end); (store) the store's folder, likewise: a new one or one "
+                            "the bench made, which it completes to --positions and keeps")
     bench.add_argument("--workers", type=int, default=64,
                        help="(fleet) simulated self-play workers, one DEALER each (default 64)")
     fleet_rate = bench.add_mutually_exclusive_group()
@@ -300,6 +304,15 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", metavar="FILE", default=None,
                        help="(fleet) run the started daemon under cProfile, which writes FILE; the report lists "
                             "where its main thread's time goes")
+    bench.add_argument("--positions", type=int, default=10_000_000,
+                       help="(store) positions in the store it makes, or completes in --run (default 10,000,000)")
+    bench.add_argument("--window", type=int, default=None, metavar="POSITIONS",
+                       help="(store) a fixed window for the loader instead of the config's rule at the store's size")
+    bench.add_argument("--batches", type=int, default=10,
+                       help="(store) global batches timed for each loader figure (default 10)")
+    bench.add_argument("--rank-workers", type=int, default=None, metavar="N",
+                       help="(store) loader processes a rank (default: the config's replay.workers, at most two "
+                            "a core among the ranks)")
     bench.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -667,6 +680,18 @@ def bench_main(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(result.figures, indent=2) if args.json else format_fleet_report(result.figures))
         return 0 if result.ok else 1
+    if args.what == "store":
+        from trainer.bench_store import bench_store, format_store_report
+
+        try:
+            figures = bench_store(run_dir=args.run, positions=args.positions, config=args.config or "gpu",
+                                  window_positions=args.window, batches=args.batches,
+                                  rank_workers=args.rank_workers)
+        except ValueError as e:
+            print(f"cyzero-train bench store: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(figures, indent=2) if args.json else format_store_report(figures))
+        return 0
     if args.what == "bootstrap":
         import shlex
 

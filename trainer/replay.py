@@ -30,7 +30,9 @@ decompressed copies of the chunks and decode them with the vectorised
 :func:`trainer.records.decode_records`.  A chunk that cannot be read is marked
 once (``NAME.bad``, one log line naming it) and its positions are redrawn,
 deterministically, from other chunks.  lc0's own training data comes in
-through :func:`import_lc0_chunks`.
+through :func:`import_lc0_chunks`.  Where the disk has no room for the cache, a chunk of
+the daemon's (one gzip member a game) is read game by game from its gzip file, and any
+other chunk whole.
 """
 
 from __future__ import annotations
@@ -781,6 +783,63 @@ def _mark_bad(path: Path, reason: str) -> bool:
             pass
 
 
+# A self-play chunk is its games' gzip members one after another (compress_records' header: magic,
+# deflate, no flags), so a reader without room for the cache can inflate one game instead of the chunk.
+_MEMBER_HEADER = b"\x1f\x8b\x08\x00"
+
+
+def _member_index(raw: bytes, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(byte offset, first record) of each gzip member of a chunk of ``size`` records, found by their
+    headers and checked by their trailers (each member's ISIZE whole records, ``size`` in all); None
+    for a chunk of one member (``write_chunk``, lc0's) or of members these do not delimit."""
+    starts, at = [], raw.find(_MEMBER_HEADER) if raw[:4] == _MEMBER_HEADER else -1
+    while at >= 0:
+        starts.append(at)
+        at = raw.find(_MEMBER_HEADER, at + 18)   # a member is at least 18 bytes: 10 of header, 8 of trailer
+    if len(starts) < 2:
+        return None
+    bounds = np.array([*starts, len(raw)], dtype=np.int64)
+    isize = np.array([int.from_bytes(raw[b - 4:b], "little") for b in bounds[1:]], dtype=np.int64)
+    if (isize <= 0).any() or (isize % RECORD_BYTES).any() or int(isize.sum()) != size * RECORD_BYTES:
+        return None   # a header's bytes inside compressed data, or a chunk not of whole members: read it whole
+    return bounds, np.concatenate([[0], np.cumsum(isize // RECORD_BYTES)])
+
+
+class _GzipChunk:
+    """A chunk read from its gzip file, game by game (no room for the cache, or ``cache`` False):
+    ``chunk[offsets]`` inflates only the members that hold those records, each only as far as the
+    last record wanted. A 40-record game is about 1/64 of a daemon's chunk: inflating whole chunks
+    (and keeping a GiB of them a worker) gave a window of a few hundred chunks about 100 samples/s a
+    core, as nearly every position drawn needed a chunk of its own inflated."""
+
+    def __init__(self, path: Path, raw: bytes, index: tuple[np.ndarray, np.ndarray], input_format: int):
+        self.path, self.input_format = path, input_format
+        self.raw = raw                          # the compressed chunk, about 185 B a record
+        self.bounds, self.first = index
+        self.nbytes = len(raw)                  # what the reader's loose-bytes bound counts
+        self.size = int(self.first[-1])
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, offsets: np.ndarray) -> np.ndarray:
+        offsets = np.asarray(offsets)
+        out = np.empty(len(offsets), dtype=RECORD_DTYPE)
+        member = np.searchsorted(self.first, offsets, side="right") - 1
+        for m in np.unique(member):
+            rows = np.flatnonzero(member == m)
+            base = int(self.first[m])
+            need = (int(offsets[rows].max()) - base + 1) * RECORD_BYTES
+            try:
+                data = zlib.decompressobj(wbits=31).decompress(self.raw[self.bounds[m]:self.bounds[m + 1]], need)
+            except zlib.error as exc:
+                raise ChunkError(f"chunk {self.path} cannot be read: game {m}: {exc}") from exc
+            if len(data) != need:
+                raise ChunkError(f"chunk {self.path}: game {m} holds fewer records than its trailer says")
+            out[rows] = parse_chunk(data, str(self.path), self.input_format)[offsets[rows] - base]
+        return out
+
+
 class _BatchReader(Dataset):
     """(batch number, window) -> (number, rank's batch packed (:func:`_pack`), new bad-chunk
     messages, seconds spent): the loader's dataset.
@@ -790,23 +849,28 @@ class _BatchReader(Dataset):
     memory-mapped, by name, from one window to the next.
     """
 
-    def __init__(self, store: ReplayStore, rank: int, world: int, q_ratio: float = 0.0):
+    def __init__(self, store: ReplayStore, rank: int, world: int, q_ratio: float = 0.0, cache: bool = True):
         self.chunks_dir = store.chunks_dir
         self.q_ratio = q_ratio
+        self.cache = cache
         self.input_format = store.input_format
         self.cache_dir = store.cache_dir
         self.rank, self.world = rank, world
         self._open: OrderedDict[str, np.ndarray] = OrderedDict()   # least recently used first
         self._loose_bytes = 0   # of the arrays in _open that are in memory, not mapped
+        self._maps = 0          # of the arrays in _open that are mapped
         self._bad: set[str] = set()
         self._found: list[str] = []
+        self._loads = [0, 0]    # chunks loaded since the last item: mapped from the cache, inflated from gzip
         self._warned_full = False
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_open"] = OrderedDict()
         state["_loose_bytes"] = 0
+        state["_maps"] = 0
         state["_found"] = []
+        state["_loads"] = [0, 0]
         return state
 
     def _load(self, name: str, size: int) -> np.ndarray | None:
@@ -814,41 +878,56 @@ class _BatchReader(Dataset):
         if bad.exists():
             return None
         try:
-            mapped = np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
-            if (len(mapped) == size and int(mapped[0]["version"]) == RECORD_VERSION
+            mapped = np.memmap(cache, dtype=RECORD_DTYPE, mode="r") if self.cache else None
+            if (mapped is not None and len(mapped) == size and int(mapped[0]["version"]) == RECORD_VERSION
                     and int(mapped[0]["input_format"]) == self.input_format):
+                self._loads[0] += 1
                 return mapped
         except (FileNotFoundError, ValueError):   # ValueError: an empty file cannot be mapped
             pass
         path = self.chunks_dir / name
+        free = _cache_room(self.cache_dir, size * RECORD_BYTES) if self.cache else None
+        if free is not None and not self._warned_full:   # the learner logs it, as it logs unreadable chunks
+            self._warned_full = True
+            self._found.append(f"replay cache: {free / 1e9:.1f} GB free on {self.cache_dir}, too little to "
+                               "cache more chunks; reading them from their gzip files, which is slower "
+                               "(free space or move the run)")
         try:
+            if free is not None or not self.cache:
+                raw = path.read_bytes()
+                index = _member_index(raw, size)
+                if index is not None:   # game by game: each game read is checked as it is read
+                    self._loads[1] += 1
+                    return _GzipChunk(path, raw, index, self.input_format)
             records = read_chunk(path, self.input_format)
             if len(records) != size:
                 raise ChunkError(f"chunk {path} holds {len(records)} records, the manifest says {size}")
         except (ChunkError, OSError) as exc:
-            if _is_transient(exc):   # the system's trouble, not the chunk's: never mark good data bad
-                raise
-            reason = f"skipping chunk {path}: {exc}; its positions are drawn from other chunks"
-            if _mark_bad(bad, reason):
-                self._found.append(reason)
+            self._skip(exc, path, bad)
             return None
-        free = _cache_room(self.cache_dir, records.nbytes)
-        if free is not None:
-            if not self._warned_full:   # the learner logs it, as it logs unreadable chunks
-                self._warned_full = True
-                self._found.append(f"replay cache: {free / 1e9:.1f} GB free on {self.cache_dir}, too little to "
-                                   "cache more chunks; reading them from their gzip files, which is slower "
-                                   "(free space or move the run)")
+        if free is not None or not self.cache:
+            self._loads[1] += 1
             return records
         try:
             with atomic_open(cache, "wb") as f:
                 f.write(records.tobytes())
         except OSError as exc:   # a full disk slows the loader down; it does not stop the learner
             log.warning("cannot cache %s (%s): reading it from memory", cache, exc)
+            self._loads[1] += 1
             return records
+        self._loads[0] += 1
         return np.memmap(cache, dtype=RECORD_DTYPE, mode="r")
 
-    def _chunk(self, name: str, size: int) -> np.ndarray | None:
+    def _skip(self, exc: Exception, path: Path, bad: Path) -> None:
+        """Mark chunk ``path`` unreadable (once, whichever process finds it) for ``exc``; a transient
+        error of the system is raised instead."""
+        if _is_transient(exc):   # the system's trouble, not the chunk's: never mark good data bad
+            raise exc
+        reason = f"skipping chunk {path}: {exc}; its positions are drawn from other chunks"
+        if _mark_bad(bad, reason):
+            self._found.append(reason)
+
+    def _chunk(self, name: str, size: int) -> np.ndarray | _GzipChunk | None:
         if name in self._bad:
             return None
         data = self._open.get(name)
@@ -860,16 +939,21 @@ class _BatchReader(Dataset):
             self._bad.add(name)
             return None
         self._open[name] = data
-        if not isinstance(data, np.memmap):
+        if isinstance(data, np.memmap):
+            self._maps += 1
+        else:
             self._loose_bytes += data.nbytes
-        # each map holds a file descriptor; each loose chunk, about 33 MB of memory
-        while len(self._open) > _MAX_OPEN_CHUNKS or (self._loose_bytes > _MAX_LOOSE_BYTES and len(self._open) > 1):
+        # each map holds a file descriptor; each loose chunk, 21 MB of memory (a _GzipChunk, its 0.5 MB of
+        # gzip, so that a GiB holds a window of 5 million positions: evicted, it costs a read of its file)
+        while self._maps > _MAX_OPEN_CHUNKS or (self._loose_bytes > _MAX_LOOSE_BYTES and len(self._open) > 1):
             _, old = self._open.popitem(last=False)
-            if not isinstance(old, np.memmap):
+            if isinstance(old, np.memmap):
+                self._maps -= 1
+            else:
                 self._loose_bytes -= old.nbytes
         return data
 
-    def __getitem__(self, item: tuple[int, _Window]) -> tuple[int, torch.Tensor, list[str], float]:
+    def __getitem__(self, item: tuple[int, _Window]) -> tuple[int, torch.Tensor, list[str], float, list[int]]:
         start = time.perf_counter()
         batch, w = item
         a, b = self.rank * w.batch_size // self.world, (self.rank + 1) * w.batch_size // self.world
@@ -889,14 +973,21 @@ class _BatchReader(Dataset):
                 if data is None:
                     continue
                 rows = todo[chunk[todo] == c]
-                records[rows] = data[offsets[rows]]
+                try:
+                    records[rows] = data[offsets[rows]]
+                except ChunkError as exc:   # a game read alone (_GzipChunk) found broken
+                    self._skip(exc, data.path, _cache_paths(self.cache_dir, w.names[c])[1])
+                    self._bad.add(w.names[c])
+                    self._loose_bytes -= self._open.pop(w.names[c]).nbytes
+                    continue
                 done[rows] = True
         else:
             raise RuntimeError(f"no readable chunk among {len(w.names)} in the replay window: see replay/cache/*.bad")
         found, self._found = self._found, []
+        loads, self._loads = self._loads, [0, 0]
         packed = _pack(records, shared=get_worker_info() is not None, q_ratio=self.q_ratio,
                        input_format=self.input_format)
-        return batch, packed, found, time.perf_counter() - start
+        return batch, packed, found, time.perf_counter() - start, loads
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -949,10 +1040,15 @@ class ReplayLoader:
     :meth:`rates` says which side limits: what the workers could deliver (their positions
     per second of work, times their number) and the share of the learner's time spent
     waiting for a batch.
+
+    ``cache`` False: never map or write the decompressed cache, read every chunk from its gzip
+    file, as a loader does when the disk has no room for the cache (``bench store`` measures
+    that path so). :attr:`chunk_loads` counts the chunks its workers loaded each way.
     """
 
     def __init__(self, store: ReplayStore, sampler: ReplaySampler, *, rank: int = 0, world: int = 1,
-                 workers: int = 2, prefetch: int = 4, pin_memory: bool = False, q_ratio: float = 0.0):
+                 workers: int = 2, prefetch: int = 4, pin_memory: bool = False, q_ratio: float = 0.0,
+                 cache: bool = True):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in a world of {world}")
         if sampler.batch_size < world:
@@ -964,7 +1060,7 @@ class ReplayLoader:
         self.workers, self.prefetch = workers, prefetch
         self.q_ratio = q_ratio
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        self._reader = _BatchReader(store, rank, world, q_ratio)
+        self._reader = _BatchReader(store, rank, world, q_ratio, cache=cache)
         self._feed = _Feed()
         self._loader: DataLoader | None = None
         self._iter: Iterator | None = None
@@ -974,6 +1070,9 @@ class ReplayLoader:
         self._work_s = 0.0        # workers' seconds spent on the batches handed over
         self._wait_s = 0.0        # the caller's seconds inside next()
         self._positions = 0       # positions handed over
+        #: chunks the workers loaded for the batches handed over: mapped from the cache, or
+        #: inflated from their gzip files (no room for the cache, or ``cache`` False)
+        self.chunk_loads = {"cache": 0, "gzip": 0}
 
     def _start(self) -> None:
         s = self.sampler
@@ -1006,7 +1105,9 @@ class ReplayLoader:
             self._start()
         if self._left == 0 or self._iter is None:
             raise DataStarved(s.starved_message())
-        number, flat, found, work_s = next(self._iter)
+        number, flat, found, work_s, loads = next(self._iter)
+        self.chunk_loads["cache"] += loads[0]
+        self.chunk_loads["gzip"] += loads[1]
         if number != s.next_batch:
             raise RuntimeError(f"replay loader delivered batch {number}, expected {s.next_batch}")
         for reason in found:
