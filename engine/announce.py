@@ -1,20 +1,31 @@
-"""The follower contract's messages: network announcements and fetches of a network's bytes.
+"""The follower contract's messages: network announcements and fetches of a network's bytes in pieces.
 
 Both sides import this module: the training daemon publishes with
 :class:`Announcer` and the engine's ``TrainerEndpoint`` follower
-(:mod:`engine.watchers`) reads what it sends.  docs/architecture.md ("Following a trainer") is
-the contract in prose; this module is its one implementation.
+(:mod:`engine.watchers`) reads what it sends; :class:`RangeFetch` is the
+follower's half of a fetch, without the socket.  docs/architecture.md
+("Following a trainer") is the contract in prose; this module is its one
+implementation.
 
-* PUB/SUB announcement: ``[TOPIC, msgpack header]``, header ``{"type":
-  "network", "version": 1, "generation", "path", "sha256", "run"?,
-  "fetch"?}``, re-announced every :data:`REANNOUNCE_S` seconds because PUB/SUB
-  drops what was sent before a subscriber joined.
-* DEALER/ROUTER fetch, for an engine that cannot read ``path``: request
-  ``[msgpack header]`` ``{"type": "fetch_network", "version": 1,
-  "generation", "sha256"}``; reply ``[msgpack header, chunk, ...]`` with header
-  ``{"type": "network_bytes", ..., "size", "chunks"}`` and the file's bytes in
-  raw frames of at most :data:`FETCH_CHUNK_BYTES`, or ``[{"type":
-  "fetch_refused", ..., "reason"}]``.
+* PUB/SUB announcement (version 1): ``[TOPIC, msgpack header]``, header
+  ``{"type": "network", "version": 1, "generation", "path", "sha256", "run"?,
+  "fetch"?, "fetch_version"?}``, re-announced every :data:`REANNOUNCE_S`
+  seconds because PUB/SUB drops what was sent before a subscriber joined.
+  ``fetch_version`` says which fetch messages the ``fetch`` endpoint speaks
+  (absent: 1, the whole file in one reply, which this side no longer speaks).
+* DEALER/ROUTER fetch in pieces (version :data:`FETCH_VERSION`, 2), for an
+  engine that cannot read ``path``: request ``[{"type": "fetch_network",
+  "version": 2, "generation", "sha256", "offset", "length"}]``; reply
+  ``[{"type": "network_bytes", "version": 2, "generation", "sha256", "size",
+  "offset", "length"}, piece]`` with bytes ``offset .. offset + length`` of
+  the file (``length`` is the asked length cut at ``size``), or
+  ``[{"type": "fetch_refused", "version": 2, "generation", "sha256",
+  "offset"?, "reason"}]`` (not offered or superseded, unreadable, too large, a
+  bad range).  The follower keeps :data:`FETCH_CREDIT` pieces of
+  :data:`FETCH_PIECE_BYTES` asked and asks the next as each arrives; the daemon
+  reads each piece from the file when asked, so its memory is bounded by
+  :func:`fetch_memory_bound`, not by copies of the file.  A request of another
+  version is answered by a refusal in that version, so neither side waits.
 * CurveZMQ: keys are certificate files as ``zmq.auth.create_certificates``
   writes them (:func:`load_client_keys`, :func:`load_server_keys`).
 
@@ -25,6 +36,7 @@ input, which the receiver logs and drops.  Needs msgpack and pyzmq, never torch.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -39,17 +51,23 @@ from engine.files import is_sha256_hex
 __all__ = [
     "ANNOUNCEMENT_TYPE",
     "ANNOUNCEMENT_VERSION",
-    "FETCH_CHUNK_BYTES",
+    "FETCH_CREDIT",
+    "FETCH_PIECE_BYTES",
+    "FETCH_QUEUE",
+    "FETCH_VERSION",
     "MAX_NETWORK_BYTES",
+    "PIECE_TIMEOUT_S",
     "REANNOUNCE_S",
     "TOPIC",
     "AnnouncementError",
     "Announcer",
     "ClientKeys",
+    "FetchError",
     "FetchReply",
     "FetchRequest",
     "KeyFileError",
     "NetworkAnnouncement",
+    "RangeFetch",
     "decode_fetch_reply",
     "decode_fetch_request",
     "decode_network_announcement",
@@ -57,6 +75,7 @@ __all__ = [
     "encode_fetch_reply",
     "encode_fetch_request",
     "encode_network_announcement",
+    "fetch_memory_bound",
     "load_client_keys",
     "load_server_keys",
     "unpack_header",
@@ -67,11 +86,16 @@ ANNOUNCEMENT_TYPE = "network"
 FETCH_REQUEST_TYPE = "fetch_network"
 FETCH_REPLY_TYPE = "network_bytes"
 FETCH_REFUSED_TYPE = "fetch_refused"
-ANNOUNCEMENT_VERSION = 1  # the version of every message here
+ANNOUNCEMENT_VERSION = 1  # the version of an announcement
+FETCH_VERSION = 2  # the version of a fetch request, reply and refusal: 2 is in pieces
 REANNOUNCE_S = 2.0  # the daemon repeats its current announcement this often
 MAX_HEADER_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 1 << 20  # ZMQ_MAXMSGSIZE of the SUB socket: a peer sending more is disconnected
-FETCH_CHUNK_BYTES = 4 << 20  # the largest raw frame of a fetch reply
+# A fetch in pieces (docs/scale.md, "Publishing networks", has the figures that chose these):
+FETCH_PIECE_BYTES = 1 << 20  # the largest piece a request may ask for, and what a follower asks
+FETCH_CREDIT = 4  # the pieces a follower keeps asked and not yet received
+FETCH_QUEUE = 2 * FETCH_CREDIT  # replies the daemon queues for one follower (its ROUTER's SNDHWM): more are dropped
+PIECE_TIMEOUT_S = 10.0  # a piece not received this long after it was asked is asked again
 MAX_NETWORK_BYTES = 1 << 30  # the largest network a fetch accepts (a 20x256 net is ~100 MB)
 MAX_PATH_CHARS = 4096
 MAX_RUN_CHARS = 256
@@ -130,8 +154,8 @@ def _frames(frames: Iterable[Any]) -> list:
         raise AnnouncementError(f"expected a list of frames, got {type(frames).__name__}") from None
 
 
-def _pack(kind: str, **fields: Any) -> bytes:
-    header = {"type": kind, "version": ANNOUNCEMENT_VERSION}
+def _pack(kind: str, version: int = ANNOUNCEMENT_VERSION, **fields: Any) -> bytes:
+    header = {"type": kind, "version": version}
     header.update((key, value) for key, value in fields.items() if value is not None)
     return msgpack.packb(header, use_bin_type=True)
 
@@ -150,7 +174,15 @@ def unpack_header(data: bytes | memoryview, error: type[ValueError] = ValueError
     return header
 
 
-def _unpack(frame: Any, kinds: tuple[str, ...]) -> dict:
+class VersionError(AnnouncementError):
+    """A well-formed header of another ``version``: ``header`` lets the daemon answer in that version."""
+
+    def __init__(self, message: str, header: dict) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+def _unpack(frame: Any, kinds: tuple[str, ...], expected: int = ANNOUNCEMENT_VERSION) -> dict:
     """The checked header of one of ``kinds`` (type and version); AnnouncementError otherwise."""
     header = unpack_header(_frame_bytes(frame, "header"), AnnouncementError)
     kind = header.get("type")
@@ -159,10 +191,9 @@ def _unpack(frame: Any, kinds: tuple[str, ...]) -> dict:
     version = header.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise AnnouncementError(f"header 'version' must be an integer, got {type(version).__name__}")
-    if version != ANNOUNCEMENT_VERSION:
-        raise AnnouncementError(
-            f"unsupported {kind} message version {version} (this side reads version {ANNOUNCEMENT_VERSION})"
-        )
+    if version != expected:
+        raise VersionError(f"unsupported {kind} message version {version} (this side reads version {expected})",
+                           header)
     return header
 
 
@@ -217,9 +248,11 @@ class NetworkAnnouncement:
     sha256: str
     run: Optional[str] = None
     fetch: Optional[str] = None
+    fetch_version: Optional[int] = None  # the fetch messages ``fetch`` speaks (None when there is no ``fetch``)
 
 
-def _announcement(generation: Any, path: Any, sha256: Any, run: Any, fetch: Any) -> NetworkAnnouncement:
+def _announcement(generation: Any, path: Any, sha256: Any, run: Any, fetch: Any,
+                  fetch_version: Any = FETCH_VERSION) -> NetworkAnnouncement:
     generation = _generation(generation)
     if not isinstance(path, str):
         raise AnnouncementError(f"'path' must be a string, got {type(path).__name__}")
@@ -232,7 +265,11 @@ def _announcement(generation: Any, path: Any, sha256: Any, run: Any, fetch: Any)
     fetch = _text(fetch, "fetch", MAX_ENDPOINT_CHARS)
     if fetch is not None and "://" not in fetch:
         raise AnnouncementError(f"'fetch' must be an endpoint such as tcp://HOST:PORT, got {fetch[:80]!r}")
-    return NetworkAnnouncement(generation, path, sha256, run, fetch)
+    if fetch is None:
+        fetch_version = None
+    else:
+        fetch_version = _count(fetch_version, "fetch_version", 2**31)
+    return NetworkAnnouncement(generation, path, sha256, run, fetch, fetch_version)
 
 
 def encode_network_announcement(
@@ -244,7 +281,8 @@ def encode_network_announcement(
 ) -> list[bytes]:
     """The frames ``[TOPIC, msgpack header]`` announcing a network; raises :class:`AnnouncementError`."""
     a = _announcement(generation, os.fspath(path), sha256, run, fetch)
-    header = _pack(ANNOUNCEMENT_TYPE, generation=a.generation, path=a.path, sha256=a.sha256, run=a.run, fetch=a.fetch)
+    header = _pack(ANNOUNCEMENT_TYPE, generation=a.generation, path=a.path, sha256=a.sha256, run=a.run, fetch=a.fetch,
+                   fetch_version=a.fetch_version)
     return [TOPIC, header]
 
 
@@ -263,78 +301,202 @@ def decode_network_announcement(frames: Iterable[Any]) -> NetworkAnnouncement:
     header = _unpack(frames[1], (ANNOUNCEMENT_TYPE,))
     _required(header, "generation", "path", "sha256")
     return _announcement(header["generation"], header["path"], header["sha256"], header.get("run"),
-                         header.get("fetch"))
+                         header.get("fetch"), header.get("fetch_version", 1))  # a daemon from before pieces: 1
 
 
 # --------------------------------------------------------------------------- fetching
 
 
+def fetch_memory_bound(followers: int) -> int:
+    """The most bytes of pieces the daemon holds at once for ``followers`` fetching together that keep to
+    :data:`FETCH_CREDIT` (each piece is read from the file when asked and let go once sent): followers x
+    credit x piece size, whatever the network's size. A peer that asks for more than its credit is held to
+    :data:`FETCH_QUEUE` queued replies and the one being sent; the rest are dropped and it asks again."""
+    return followers * FETCH_CREDIT * FETCH_PIECE_BYTES
+
+
+class FetchError(AnnouncementError):
+    """A fetch that cannot go on (refused, a wrong or malformed reply, the wrong bytes); says which, and from where."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FetchRequest:
-    """An engine asking for the bytes of an announced network."""
+    """An engine asking for ``length`` bytes at ``offset`` of an announced network."""
 
     generation: int
     sha256: str
+    offset: int = 0
+    length: int = FETCH_PIECE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
 class FetchReply:
-    """The header of a fetch reply: ``chunks`` raw frames of ``size`` bytes in all follow it,
-    unless ``refused`` says why the daemon will not serve them (then no frames follow)."""
+    """The header of a fetch reply: one raw frame of ``length`` bytes at ``offset`` of a file of ``size``
+    follows it, unless ``refused`` says why the daemon will not serve it (then no frame follows)."""
 
     generation: int
     sha256: str
     size: int = 0
-    chunks: int = 0
+    offset: int = 0
+    length: int = 0
     refused: Optional[str] = None
 
 
-def encode_fetch_request(generation: int, sha256: str) -> list[bytes]:
-    """``[msgpack header]`` asking for generation ``generation`` with this sha256 (a DEALER sends it)."""
-    return [_pack(FETCH_REQUEST_TYPE, generation=_generation(generation), sha256=_sha256(sha256))]
+def encode_fetch_request(generation: int, sha256: str, offset: int = 0,
+                         length: int = FETCH_PIECE_BYTES) -> list[bytes]:
+    """``[msgpack header]`` asking for a piece of generation ``generation`` with this sha256 (a DEALER sends it)."""
+    return [_pack(FETCH_REQUEST_TYPE, FETCH_VERSION, generation=_generation(generation), sha256=_sha256(sha256),
+                  offset=_count(offset, "offset", 2**62), length=_count(length, "length", 2**62))]
 
 
 def decode_fetch_request(frames: Iterable[Any]) -> FetchRequest:
-    """Parse a request as the daemon's ROUTER passes it on, without the routing identity frame."""
+    """Parse a request as the daemon's ROUTER passes it on, without the routing identity frame.
+
+    A request of another version raises :class:`VersionError` (its header lets the daemon refuse in
+    kind); whether the range is one the daemon serves is the daemon's question (a refusal, not a drop)."""
     frames = _frames(frames)
     if len(frames) != 1:
         raise AnnouncementError(f"expected 1 frame (the request header), got {len(frames)}")
-    header = _unpack(frames[0], (FETCH_REQUEST_TYPE,))
-    _required(header, "generation", "sha256")
-    return FetchRequest(_generation(header["generation"]), _sha256(header["sha256"]))
+    header = _unpack(frames[0], (FETCH_REQUEST_TYPE,), FETCH_VERSION)
+    _required(header, "generation", "sha256", "offset", "length")
+    return FetchRequest(_generation(header["generation"]), _sha256(header["sha256"]),
+                        _count(header["offset"], "offset", 2**62), _count(header["length"], "length", 2**62))
 
 
-def encode_fetch_reply(generation: int, sha256: str, data: bytes) -> list[bytes | memoryview]:
-    """``[header, chunk, ...]`` carrying ``data`` (the network file's bytes) in raw frames."""
-    if len(data) > MAX_NETWORK_BYTES:
-        raise AnnouncementError(f"a network of {len(data)} bytes is larger than {MAX_NETWORK_BYTES}")
-    view = memoryview(data)
-    chunks = [view[i : i + FETCH_CHUNK_BYTES] for i in range(0, len(data), FETCH_CHUNK_BYTES)]
-    header = _pack(FETCH_REPLY_TYPE, generation=_generation(generation), sha256=_sha256(sha256),
-                   size=len(data), chunks=len(chunks))
-    return [header, *chunks]
+def encode_fetch_reply(generation: int, sha256: str, size: int, offset: int, piece: Any) -> list:
+    """``[header, piece]``: ``piece`` (bytes or a buffer) is the file's bytes at ``offset``; the file has ``size``."""
+    length = memoryview(piece).nbytes
+    header = _pack(FETCH_REPLY_TYPE, FETCH_VERSION, generation=_generation(generation), sha256=_sha256(sha256),
+                   size=_count(size, "size", 2**62), offset=_count(offset, "offset", 2**62), length=length)
+    return [header, piece]
 
 
-def encode_fetch_refusal(generation: int, sha256: str, reason: str) -> list[bytes]:
-    """``[header]`` saying why a request is not served (not offered, unreadable, too large)."""
-    return [_pack(FETCH_REFUSED_TYPE, generation=_generation(generation), sha256=_sha256(sha256),
-                  reason=str(reason)[:MAX_REASON_CHARS])]
+def encode_fetch_refusal(generation: int, sha256: str, reason: str, offset: Optional[int] = None,
+                         version: int = FETCH_VERSION) -> list[bytes]:
+    """``[header]`` saying why a request is not served (not offered, unreadable, too large, a bad range);
+    ``version``: the requester's, for one of another version (a version-1 refusal has the same fields)."""
+    return [_pack(FETCH_REFUSED_TYPE, version, generation=_generation(generation), sha256=_sha256(sha256),
+                  offset=offset, reason=str(reason)[:MAX_REASON_CHARS])]
 
 
 def decode_fetch_reply(frame: Any) -> FetchReply:
-    """Parse the first frame of a reply; the caller then reads ``chunks`` frames (checking the sizes)."""
-    header = _unpack(frame, (FETCH_REPLY_TYPE, FETCH_REFUSED_TYPE))
+    """Parse the first frame of a reply; the caller checks that one frame of ``length`` bytes follows."""
+    header = _unpack(frame, (FETCH_REPLY_TYPE, FETCH_REFUSED_TYPE), FETCH_VERSION)
     _required(header, "generation", "sha256")
     generation, sha256 = _generation(header["generation"]), _sha256(header["sha256"])
     if header["type"] == FETCH_REFUSED_TYPE:
         reason = _text(header.get("reason"), "reason", MAX_REASON_CHARS) or "no reason given"
-        return FetchReply(generation, sha256, refused=reason)
-    _required(header, "size", "chunks")
+        offset = header.get("offset")
+        return FetchReply(generation, sha256, offset=0 if offset is None else _count(offset, "offset", 2**62),
+                          refused=reason)
+    _required(header, "size", "offset", "length")
     size = _count(header["size"], "size", 2**62)
-    chunks = _count(header["chunks"], "chunks", 2**31)
-    if chunks != -(-size // FETCH_CHUNK_BYTES):
-        raise AnnouncementError(f"{chunks} chunks cannot carry {size} bytes in frames of {FETCH_CHUNK_BYTES}")
-    return FetchReply(generation, sha256, size, chunks)
+    offset = _count(header["offset"], "offset", size)
+    length = _count(header["length"], "length", min(FETCH_PIECE_BYTES, size - offset))
+    return FetchReply(generation, sha256, size, offset, length)
+
+
+class RangeFetch:
+    """One follower's fetch of one network in pieces, without the socket (the engine's follower and the
+    bench's simulated ones drive it alike).
+
+    Send every message :meth:`requests` returns, hand each reply to :meth:`receive` and write the pieces
+    it returns, in that order (they are hashed here); when :attr:`done`, :meth:`verify` checks the
+    size and sha256. :data:`FETCH_CREDIT` pieces are kept asked: a piece that came before an earlier
+    one waits here (so at most credit x piece bytes), and a piece not received ``piece_timeout``
+    seconds after it was asked is asked again. :class:`FetchError` says why a fetch cannot go on,
+    naming ``where`` the bytes come from.
+    """
+
+    def __init__(self, generation: int, sha256: str, *, where: str = "the daemon",
+                 max_bytes: int = MAX_NETWORK_BYTES, credit: int = FETCH_CREDIT, piece: int = FETCH_PIECE_BYTES,
+                 piece_timeout: float = PIECE_TIMEOUT_S) -> None:
+        self.generation, self.sha256, self.where = generation, sha256, where
+        self.max_bytes, self.credit, self.piece, self.piece_timeout = max_bytes, credit, piece, piece_timeout
+        self.size: Optional[int] = None  # from the first reply
+        self.received = 0  # bytes handed on in order (and hashed)
+        self.asked_again = 0  # pieces asked again after piece_timeout
+        self._next = 0  # the next offset not asked yet
+        self._asked: dict[int, float] = {}  # offset -> when it was last asked
+        self._early: dict[int, Any] = {}  # pieces received before an earlier one
+        self._digest = hashlib.sha256()
+
+    @property
+    def done(self) -> bool:
+        return self.size is not None and self.received == self.size
+
+    def requests(self, now: float) -> list[list[bytes]]:
+        """The requests to send now: pieces overdue, then new ones up to the credit."""
+        out = []
+        for offset, asked in self._asked.items():
+            if now - asked >= self.piece_timeout:
+                self._asked[offset] = now
+                self.asked_again += 1
+                out.append(encode_fetch_request(self.generation, self.sha256, offset, self.piece))
+        end = self.piece if self.size is None else self.size  # the first reply says the size: ask one piece till then
+        while (self._next == 0 or self._next < end) and len(self._asked) + len(self._early) < self.credit:
+            self._asked[self._next] = now
+            out.append(encode_fetch_request(self.generation, self.sha256, self._next, self.piece))
+            self._next += self.piece
+        return out
+
+    def receive(self, frames: list) -> list:
+        """The pieces a reply lets this side write now, in order (none for a duplicate or an early piece)."""
+        where = self.where
+        try:
+            reply = decode_fetch_reply(frames[0]) if frames else None
+        except AnnouncementError as e:
+            raise FetchError(f"malformed reply from {where}: {e}") from None
+        if reply is None:
+            raise FetchError(f"malformed reply from {where}: no frames")
+        if (reply.generation, reply.sha256) != (self.generation, self.sha256):
+            raise FetchError(f"{where} answered for generation {reply.generation}, not {self.generation}")
+        if reply.refused is not None:
+            raise FetchError(f"{where} refused to send it: {reply.refused}")
+        if reply.size > self.max_bytes:
+            raise FetchError(f"{where} offers {reply.size} bytes, more than {self.max_bytes}")
+        if self.size is not None and reply.size != self.size:
+            raise FetchError(f"{where} said the file has {self.size} bytes, then {reply.size}")
+        if len(frames) != 2:
+            raise FetchError(f"the reply from {where} has {len(frames) - 1} frames of bytes, not 1")
+        data = _frame_buffer(frames[1])
+        if memoryview(data).nbytes != reply.length or reply.length != min(self.piece, reply.size - reply.offset):
+            raise FetchError(f"the reply from {where} carries {memoryview(data).nbytes} bytes at {reply.offset} "
+                             f"where its header says {reply.length} and {min(self.piece, reply.size - reply.offset)} "
+                             "were asked")
+        if self.size is None:
+            self.size = reply.size
+        if self._asked.pop(reply.offset, None) is None:
+            return []  # a piece asked again that came twice
+        self._early[reply.offset] = data
+        out = []
+        while self.received in self._early:
+            piece = self._early.pop(self.received)
+            self._digest.update(piece)
+            self.received += memoryview(piece).nbytes
+            out.append(piece)
+            if self.done:
+                break
+        return out
+
+    def verify(self) -> None:
+        """FetchError unless every byte came and they have the announced sha256."""
+        if not self.done:
+            raise FetchError(f"{self.where} sent {self.received} of {self.size} bytes")
+        digest = self._digest.hexdigest()
+        if digest != self.sha256:
+            raise FetchError(f"the bytes fetched from {self.where} have sha256 {digest[:12]}, "
+                             f"not the announced {self.sha256[:12]}")
+
+
+def _frame_buffer(frame: Any) -> Any:
+    """A received frame's bytes without a copy (a zmq.Frame's buffer), or the bytes as they are."""
+    buffer = getattr(frame, "buffer", None)
+    if buffer is not None:
+        return buffer
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return frame
+    raise AnnouncementError(f"a piece is a {type(frame).__name__}, not bytes")
 
 
 # --------------------------------------------------------------------------- CurveZMQ keys
@@ -431,7 +593,10 @@ class Announcer:
 
     :meth:`announce` sends at once; a thread repeats the current announcement
     every ``interval`` seconds for subscribers that joined since, and answers
-    fetch requests for the current network.  With ``server_keys`` (from
+    fetch requests for the current network, each piece read from the file
+    (one descriptor a generation) when it is asked: the pieces held at once
+    are bounded by :func:`fetch_memory_bound`, and a follower that stops
+    asking holds up no other.  With ``server_keys`` (from
     :func:`load_server_keys`) both sockets are CURVE servers: run a
     ``zmq.auth`` authenticator on ``context`` to say which clients may connect.
     Never needs torch.
@@ -465,6 +630,7 @@ class Announcer:
                     socket.curve_publickey, socket.curve_secretkey = server_keys
             if self._router is not None:
                 self._router.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # requests are one small header
+                self._router.setsockopt(zmq.SNDHWM, FETCH_QUEUE)  # replies queued a follower: the memory bound
             self._pub.bind(endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
             self.fetch_endpoint: Optional[str] = None
@@ -478,6 +644,7 @@ class Announcer:
             raise
         self._lock = threading.Lock()
         self._current: Optional[NetworkAnnouncement] = None
+        self._served: Optional[tuple[NetworkAnnouncement, int, int]] = None  # (announcement, fd, size): the thread's
         self._send_now = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cyzero-announcer", daemon=True)
@@ -496,6 +663,7 @@ class Announcer:
         self._thread.join(10.0)  # it polls every 50 ms; a loaded machine may still be slow to run it
         if not self._thread.is_alive():  # else its sockets stay open rather than be closed under it
             self._close_sockets()
+            self._close_served()
 
     def __enter__(self) -> "Announcer":
         return self
@@ -547,26 +715,69 @@ class Announcer:
                 return
             identity, body = frames[0], frames[1:]
             try:
-                request = decode_fetch_request(body)
+                reply = self._reply(decode_fetch_request(body))
+            except VersionError as e:
+                reply = self._version_refusal(e)
+                if reply is None:
+                    self._log(f"dropped a malformed fetch request: {e}")
+                    continue
             except AnnouncementError as e:
                 self._log(f"dropped a malformed fetch request: {e}")
                 continue
-            router.send_multipart([identity, *self._reply(request)])
+            router.send_multipart([identity, *reply], copy=False)  # a reply to a departed follower is dropped
+
+    def _version_refusal(self, e: VersionError) -> Optional[list]:
+        """A refusal in the requester's version, which it reads: a clear error rather than a wait."""
+        header = e.header
+        try:
+            return encode_fetch_refusal(
+                _generation(header.get("generation")), _sha256(header.get("sha256")),
+                f"this daemon serves fetches in pieces (fetch version {FETCH_VERSION}), not version "
+                f"{header['version']}: run the same cyzero version on the engine and the daemon",
+                version=header["version"])
+        except AnnouncementError:
+            return None
 
     def _reply(self, request: FetchRequest) -> list:
         with self._lock:
             current = self._current
+        refuse = lambda reason: encode_fetch_refusal(request.generation, request.sha256, reason, request.offset)  # noqa: E731
         if current is None or (current.generation, current.sha256) != (request.generation, request.sha256):
             offered = "nothing" if current is None else f"generation {current.generation}"
-            return encode_fetch_refusal(request.generation, request.sha256,
-                                        f"generation {request.generation} with that sha256 is not offered "
-                                        f"(offered: {offered})")
+            return refuse(f"generation {request.generation} with that sha256 is not offered (offered: {offered})")
         try:
-            size = os.path.getsize(current.path)
+            fd, size = self._open(current)
+        except OSError as e:
+            return refuse(f"cannot serve {current.path}: {e}")
+        if request.offset > size or not 1 <= request.length <= FETCH_PIECE_BYTES:
+            return refuse(f"bad range: {request.length} bytes at {request.offset} of a file of {size} bytes "
+                          f"(a piece is 1-{FETCH_PIECE_BYTES} bytes within the file)")
+        try:
+            piece = os.pread(fd, min(request.length, size - request.offset), request.offset)
+        except OSError as e:
+            return refuse(f"cannot serve {current.path}: {e}")
+        if len(piece) != min(request.length, size - request.offset):
+            return refuse(f"cannot serve {current.path}: it is shorter than the {size} bytes it had")
+        return encode_fetch_reply(request.generation, request.sha256, size, request.offset, piece)
+
+    def _open(self, current: NetworkAnnouncement) -> tuple[int, int]:
+        """The descriptor and size of the current network's file, opened on its first request: a file
+        renamed over or removed later is still served as announced."""
+        if self._served is not None and self._served[0] is current:
+            return self._served[1], self._served[2]
+        self._close_served()
+        fd = os.open(current.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
             if size > MAX_NETWORK_BYTES:
                 raise OSError(f"{size} bytes is more than {MAX_NETWORK_BYTES}")
-            with open(current.path, "rb") as f:
-                data = f.read(MAX_NETWORK_BYTES + 1)
-            return encode_fetch_reply(request.generation, request.sha256, data)
-        except (OSError, AnnouncementError) as e:
-            return encode_fetch_refusal(request.generation, request.sha256, f"cannot serve {current.path}: {e}")
+        except OSError:
+            os.close(fd)
+            raise
+        self._served = (current, fd, size)
+        return fd, size
+
+    def _close_served(self) -> None:
+        if self._served is not None:
+            os.close(self._served[1])
+            self._served = None

@@ -17,14 +17,14 @@ thread-safe (the UCI session's is: ``uci.session.Floor``).
   as a CurveZMQ client; a generation older than the newest in use or on its
   way is ignored with a line, the same generation again (the daemon
   re-announces every few seconds) quietly.  When the announced path cannot be
-  read here, a DEALER fetches the bytes from the daemon's ROUTER into a local
-  cache (atomically, checked against the announced sha256).  Silence for
+  read here, a DEALER fetches the bytes from the daemon's ROUTER in pieces
+  (:class:`engine.announce.RangeFetch`) into a local cache (written as they
+  come, atomically, checked against the announced size and sha256).  Silence for
   :data:`SILENCE_S` seconds after connecting is reported once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import threading
@@ -32,17 +32,18 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from engine.announce import (
-    FETCH_CHUNK_BYTES,
+    FETCH_PIECE_BYTES,
+    FETCH_VERSION,
     MAX_HEADER_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_NETWORK_BYTES,
     TOPIC,
     AnnouncementError,
     ClientKeys,
+    FetchError,
     NetworkAnnouncement,
-    decode_fetch_reply,
+    RangeFetch,
     decode_network_announcement,
-    encode_fetch_request,
     is_wildcard,
     rehost,
 )
@@ -67,7 +68,7 @@ __all__ = [
 
 POLL_INTERVAL_S = 0.5  # how often the WeightsFile is stat'ed
 SILENCE_S = 10.0  # no announcement this long after connecting: say so (once)
-FETCH_TIMEOUT_S = 120.0  # the whole reply to a fetch must arrive within this
+FETCH_TIMEOUT_S = 120.0  # a whole fetch, every piece of it, must arrive within this
 CACHE_KEEP = 4  # fetched networks kept in the cache (the newest)
 _SUB_POLL_MS = 100
 
@@ -435,52 +436,38 @@ class TrainerFollower(_Watcher):
         except WeightsError as e:
             raise NetworkError(f"cannot read {a.path} here, and cannot fetch it: {e}") from None
         where = f"the daemon at {endpoint}"
+        if a.fetch_version != FETCH_VERSION:
+            raise NetworkError(f"cannot read {a.path} here, and {where} serves fetch version {a.fetch_version}, "
+                               f"this engine version {FETCH_VERSION}: run the same cyzero version on both")
+        fetch = RangeFetch(a.generation, a.sha256, where=where, max_bytes=self.max_network_bytes)
         socket = self._socket(zmq.DEALER)
         try:
-            # per frame as it arrives, a larger one drops the peer: a chunk, plus the room CURVE's
-            # framing takes around it (a limit of the chunk alone dropped every full chunk over CURVE)
-            socket.setsockopt(zmq.MAXMSGSIZE, FETCH_CHUNK_BYTES + MAX_HEADER_BYTES)
+            # per frame as it arrives, a larger one drops the peer: a piece, plus the room CURVE's
+            # framing takes around it (a limit of the piece alone dropped every full piece over CURVE)
+            socket.setsockopt(zmq.MAXMSGSIZE, FETCH_PIECE_BYTES + MAX_HEADER_BYTES)
             socket.connect(endpoint)
-            socket.send_multipart(encode_fetch_request(a.generation, a.sha256))
             deadline = time.monotonic() + FETCH_TIMEOUT_S
-            while not socket.poll(100, zmq.POLLIN):
-                if stop.is_set() or self._stopped():
-                    raise NetworkError("the fetch was abandoned: no longer following this daemon")
-                if time.monotonic() >= deadline:
-                    raise NetworkError(f"no reply from {where} within {FETCH_TIMEOUT_S:g} s")
-            try:
-                reply = decode_fetch_reply(socket.recv(copy=False))
-            except AnnouncementError as e:
-                raise NetworkError(f"malformed reply from {where}: {e}") from None
-            if (reply.generation, reply.sha256) != (a.generation, a.sha256):
-                raise NetworkError(f"{where} answered for generation {reply.generation}, not {a.generation}")
-            if reply.refused is not None:
-                raise NetworkError(f"{where} refused to send it: {reply.refused}")
-            if reply.size > self.max_network_bytes:
-                raise NetworkError(f"{where} offers {reply.size} bytes, more than {self.max_network_bytes}")
-            digest, received = hashlib.sha256(), 0
             with atomic_open(target, "wb") as f:
-                for _ in range(reply.chunks):
-                    if not socket.getsockopt(zmq.RCVMORE):
-                        raise NetworkError(f"the reply from {where} ended after {received} of {reply.size} bytes")
-                    chunk = socket.recv(copy=False).buffer
-                    received += len(chunk)
-                    if received > reply.size:
-                        raise NetworkError(f"the reply from {where} carries more than the {reply.size} bytes announced")
-                    digest.update(chunk)
-                    f.write(chunk)
-                if socket.getsockopt(zmq.RCVMORE):
-                    raise NetworkError(f"the reply from {where} has more than the {reply.chunks} frames its header says")
-                if received != reply.size:
-                    raise NetworkError(f"the reply from {where} carries {received} bytes, its header says {reply.size}")
-                if digest.hexdigest() != a.sha256:
-                    raise NetworkError(
-                        f"the bytes fetched from {where} have sha256 {short_sha(digest.hexdigest())}, "
-                        f"not the announced {short_sha(a.sha256)}"
-                    )
+                while not fetch.done:
+                    for request in fetch.requests(time.monotonic()):
+                        try:
+                            socket.send_multipart(request, zmq.NOBLOCK)
+                        except zmq.Again:
+                            pass  # no room: asked again after PIECE_TIMEOUT_S like a lost one
+                    if stop.is_set() or self._stopped():
+                        raise NetworkError("the fetch was abandoned: no longer following this daemon")
+                    if socket.poll(100, zmq.POLLIN):
+                        for piece in fetch.receive(socket.recv_multipart(copy=False)):
+                            f.write(piece)
+                    if not fetch.done and time.monotonic() >= deadline:
+                        got = "no reply" if fetch.size is None else f"{fetch.received} of {fetch.size} bytes"
+                        raise NetworkError(f"{got} from {where} within {FETCH_TIMEOUT_S:g} s")
+                fetch.verify()  # inside the with: wrong bytes are never renamed into the cache
+        except FetchError as e:
+            raise NetworkError(str(e)) from None
         finally:
             socket.close(0)
-        self._say(f"fetched {os.path.basename(a.path)} (generation {a.generation}, {received} bytes) from {where}")
+        self._say(f"fetched {os.path.basename(a.path)} (generation {a.generation}, {fetch.received} bytes) from {where}")
 
     def _prune_cache(self, keep: str) -> None:
         """Keep the newest :data:`CACHE_KEEP` fetched networks (a network in use lives in memory)."""

@@ -5,6 +5,7 @@ benchmark's report, and this machine is shared."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import time
 import pytest
 import zmq
 
+from engine.announce import fetch_memory_bound
 from trainer import wire
 from trainer.atomic import read_jsonl
 from trainer.bench_fleet import BENCH_CONFIG, _Fleet, bench_fleet, format_fleet_report, game_frames, template_games
@@ -62,6 +64,48 @@ def test_a_small_fleet_loses_nothing_and_every_follower_verifies_the_new_network
         bench_fleet(run_dir=str(tmp_path / "other"), workers=1, rate=1.0, seconds=1.0)
 
 
+def test_eight_followers_fetch_a_50_mb_network_and_the_daemon_holds_no_more_than_the_bound(torch_installed):
+    """The daemon reads each piece from the file when it is asked: its resident memory grows by less than
+    engine.announce.fetch_memory_bound(8) while 8 followers fetch 50 MB (with the old whole-file replies it
+    grew by about a copy of the file a follower). Its peak (VmHWM, reset when the generation is first heard)
+    less its resident memory then; no timing is asserted."""
+    result = bench_fleet(workers=0, followers=8, network_mb=50.0, seconds=2.0, log=lambda line: None)
+    figures = result.figures
+    assert result.ok and figures["problems"] == [], figures["problems"]
+    followers = figures["followers"]
+    (row,) = [row for row in followers["generations"] if row["bench_made"]]
+    assert row["verified"] == 8 and row["failed"] == 0 and row["bytes"] == 50_000_000
+    assert followers["every_follower_swapped"]
+    assert followers["memory_bound_mb"] == fetch_memory_bound(8) / 1e6
+    growth = row["daemon_growth_mb"]
+    assert growth is not None and growth * 1e6 < fetch_memory_bound(8), (row, followers["memory_bound_mb"])
+    assert "every follower verified and swapped: yes" in format_fleet_report(figures)
+
+
+def test_a_daemon_killed_under_load_comes_back_and_every_game_acknowledged_before_is_stored_once(
+        tmp_path, torch_installed):
+    """SIGKILL in the middle of a small fleet's run: the daemon starts again on its ports, the workers
+    (who kept their games) send them again, and every game acknowledged, before the kill or after, is
+    in the store exactly once; games buffered but not stored at the kill are stored after. No timing
+    is asserted, only that acks came back."""
+    run = tmp_path / "run"
+    lines: list[str] = []
+    result = bench_fleet(run_dir=str(run), workers=8, rate=40.0, seconds=12.0, kill_at=4.0, log=lines.append)
+    figures = result.figures
+    assert result.ok and figures["problems"] == [], figures["problems"]
+    restart = figures["restart"]
+    assert restart["acked_before_kill"] > 0
+    assert restart["acked_before_kill_stored"] == restart["acked_before_kill"]
+    assert restart["restart_s"] is not None and restart["first_ack_after_s"] is not None
+    ingest = figures["ingest"]
+    assert ingest["acked"] == ingest["made"] == len(result.acked_ids) and ingest["unacked_at_end"] == 0
+    stored = collections.Counter(i for r in read_jsonl(run / "replay" / "manifest.jsonl") if r.get("op") == "add"
+                                 for i in r.get("game_ids", []))
+    assert set(result.acked_ids) <= set(stored) and set(stored.values()) == {1}
+    assert any("killed the daemon" in line for line in lines) and any("serves again" in line for line in lines)
+    assert "in the store once" in format_fleet_report(figures)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"workers": 0, "followers": 0}, "nothing to simulate"),
     ({"workers": -1}, "--workers must be a whole number >= 0"),
@@ -69,8 +113,10 @@ def test_a_small_fleet_loses_nothing_and_every_follower_verifies_the_new_network
     ({"positions_per_game": 500}, "--positions-per-game must be at most 200"),
     ({"seconds": float("inf")}, "--seconds"),
     ({"followers": 2, "network_mb": 2000.0}, "at most the 1,074 MB a fetch accepts"),
-    ({"followers": 10_000, "network_mb": 1000.0}, "use fewer --followers"),
+    ({"followers": 100_000, "network_mb": 1000.0}, "use fewer --followers"),
     ({"attach": True, "profile": "daemon.prof"}, "--attach uses the one serving the run"),
+    ({"seconds": 10.0, "kill_at": 10.0}, "--kill-at must fall within the run"),
+    ({"kill_at": 5.0, "followers": 2}, "--kill-at kills the daemon the bench starts"),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_anything_starts(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -109,50 +155,69 @@ def _exchange(fleet, router, kind: type, count: int) -> list[tuple[bytes, object
     return out
 
 
-def test_the_simulated_workers_honour_each_reply_and_count_one_they_have_no_handler_for():
-    """Ack: forgotten; ErrorReply: kept for its resend; Refused: dropped; Hold: kept, and nothing sent
-    for the time asked; Stop: no more games; a reply type without a handler (a Heartbeat stands in
-    for a new one) is counted by name."""
+@contextlib.contextmanager
+def _registered_fleet(workers: int, credit: int):
+    """``workers`` simulated workers, registered with ``credit`` by a ROUTER of the test's, whose
+    schedule started a second ago: (fleet, router)."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    fleet = _Fleet(f"tcp://127.0.0.1:{port}", 2, rate=4.0, templates=template_games(positions=3, count=2),
+    fleet = _Fleet(f"tcp://127.0.0.1:{port}", workers, rate=4.0, templates=template_games(positions=3, count=2),
                    keys=None, generation=lambda: 0)
     try:
-        for identity, _ in _exchange(fleet, router, wire.Register, 2):
-            router.send_multipart([identity, *wire.encode(wire.Registered("run"))])
+        for identity, _ in _exchange(fleet, router, wire.Register, workers):
+            router.send_multipart([identity, *wire.encode(wire.Registered("run", credit=credit))])
         fleet.register(30.0, _keep_going)
         fleet.t0 = time.monotonic() - 1.0
+        yield fleet, router
+    finally:
+        fleet.close()
+        router.close(0)
+        ctx.term()
+
+
+def test_the_simulated_workers_honour_each_reply_and_count_one_they_have_no_handler_for():
+    """Ack: forgotten; ErrorReply: kept for its resend; Refused: dropped; Stop: no more games; a reply
+    type without a handler (a Heartbeat stands in for a new one) is counted by name."""
+    with _registered_fleet(2, credit=8) as (fleet, router):
         fleet._send_due(fleet.t0 + 1.0)  # games due at 0, 0.25, ..., 1 s: five, dealt in turn to the two workers
         assert fleet.issued == fleet.made == 5 and fleet.held_total == 5
         games = _exchange(fleet, router, wire.Game, 5)
         (acked_to, acked), (error_to, error), (refused_to, refused) = games[:3]
-        router.send_multipart([acked_to, *wire.encode(wire.Ack((acked.game_id,)))])
+        router.send_multipart([acked_to, *wire.encode(wire.Ack((acked.game_id,), 8))])
         router.send_multipart([error_to, *wire.encode(wire.ErrorReply("disk full", error.game_id))])
-        router.send_multipart([error_to, *wire.encode(wire.Hold(60.0, "behind", (error.game_id,)))])
         router.send_multipart([refused_to, *wire.encode(wire.Refused("bad records", refused.game_id))])
         router.send_multipart([acked_to, *wire.encode(wire.Heartbeat("daemon", 0, 0.0, 0))])
         router.send_multipart([acked_to, b"not msgpack"])
         router.send_multipart([acked_to, *wire.encode(wire.Stop("stopping"))])
         deadline = time.monotonic() + 30.0
-        while not (fleet.stops and fleet.errors and fleet.refused and fleet.holds) and time.monotonic() < deadline:
+        while not (fleet.stops and fleet.errors and fleet.refused) and time.monotonic() < deadline:
             fleet.serve(time.monotonic() + 0.2, schedule=False, tick=_keep_going)
         assert fleet.acked_ids == {acked.game_id}
         assert fleet.errors == ["disk full"] and fleet.refused == ["bad records"]
         held = {game_id for w in fleet.workers for game_id in w.held}
         assert error.game_id in held and refused.game_id not in held and fleet.held_total == 3
         assert fleet.unhandled == {"Heartbeat": 1} and fleet.malformed == 1 and fleet.stops == 1
-        (holding,) = [w for w in fleet.workers if w.held.get(error.game_id)]
-        assert fleet.holds == ["behind"] and holding.hold_until >= time.monotonic() + 50
-        assert holding.held[error.game_id].next_send == holding.hold_until
+        (keeping,) = [w for w in fleet.workers if w.held.get(error.game_id)]
+        assert keeping.held[error.game_id].next_send > time.monotonic()  # kept for its resend, due later
         stopped = [w for w in fleet.workers if w.stopped]
         assert len(stopped) == 1
         fleet._send_due(fleet.t0 + 2.0)  # four more: the stopped worker's two are not made
         assert fleet.issued == 9 and fleet.unsendable == 2 and fleet.made == 7
-        if holding is not stopped[0]:  # the holding worker's new games are kept, not sent
-            assert sum(h.first_sent is None for h in holding.held.values()) == 2
-    finally:
-        fleet.close()
-        router.close(0)
-        ctx.term()
+
+
+def test_the_simulated_workers_send_no_more_than_their_credit():
+    """As trainer.worker: a worker with credit 1 has one game in flight and keeps the others; an ack
+    that grants 2 lets two go."""
+    with _registered_fleet(1, credit=1) as (fleet, router):
+        fleet._send_due(fleet.t0 + 1.0)  # five games for the one worker
+        (worker,) = fleet.workers
+        ((identity, first),) = _exchange(fleet, router, wire.Game, 1)
+        fleet.serve(time.monotonic() + 0.5, schedule=False, tick=_keep_going)
+        assert not router.poll(0) and worker.in_flight == 1 and len(worker.waiting) == 4
+        router.send_multipart([identity, *wire.encode(wire.Ack((first.game_id,), 2))])
+        games = _exchange(fleet, router, wire.Game, 2)
+        fleet.serve(time.monotonic() + 0.5, schedule=False, tick=_keep_going)
+        assert not router.poll(0) and worker.in_flight == 2 and len(worker.waiting) == 2
+        assert first.game_id not in {g.game_id for _, g in games} and fleet.credit_waits == 4

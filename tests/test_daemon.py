@@ -820,67 +820,76 @@ def test_port_gives_the_daemon_three_ports_and_auto_free_ones():
             on_ports(config, bad)
 
 
-# --------------------------------------------------------------------------- back-pressure
+# --------------------------------------------------------------------------- flow control
 
 
-def test_a_daemon_behind_holds_new_games_and_stores_them_when_they_come_again(run_dir):
-    """Behind (messages waited at every read for BEHIND_AFTER_S), the daemon buffers no new game: it
-    answers Hold with their ids, acknowledges nothing it has not stored, and takes them when they
-    come again. The daemon's loop is driven by hand here, so nothing depends on speed."""
+def test_the_live_workers_share_the_credit_and_a_worker_that_spent_it_is_answered_at_once(run_dir, monkeypatch):
+    """Flow control: IN_FLIGHT_GAMES is shared by the live workers (a new one is counted at once), each
+    ack carries the credit, and when a worker has as many games buffered as its credit the daemon
+    stores them at the end of that read instead of waiting for flush_s or flush_games (it would idle
+    the worker); fewer wait. The daemon's loop is driven by hand here, so nothing depends on speed."""
+    from trainer import daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "IN_FLIGHT_GAMES", 4)
     daemon = Daemon(run_dir, config(), log=lambda line: None, worker_command=lambda *args: SLEEP,
                     learner_command=lambda *args: SLEEP, ladder_command=lambda *args: SLEEP)
-    lines: list[str] = []
-    daemon.log = lines.append
     daemon.start()
+
+    def receive():
+        assert daemon._router.poll(10_000)
+        daemon._receive()
+
     try:
-        with Client(daemon.endpoint) as client:
-            client.send(wire.Register("w-test", "testhost", os.getpid(), ("cpu",), "cyzero test"))
-            assert daemon._router.poll(10_000)
-            daemon._receive()
-            client.expect(wire.Registered)
-            daemon._behind_since = time.monotonic()          # as _still_waiting finds it after BEHIND_AFTER_S
-            games = [game() for _ in range(6)]
-            for g in games:
-                client.send(g)
-            held: set[str] = set()
-            while len(held) < len(games):
-                assert daemon._router.poll(10_000)
-                daemon._receive()                             # holds what waits; an empty read catches up
-                daemon._behind_since = daemon._behind_since or time.monotonic()
-                message = client.expect(wire.Hold)
-                assert message.seconds > 0 and "behind" in message.reason
-                held.update(message.game_ids)
-            assert held == {g.game_id for g in games}
-            daemon._flush()
-            assert stored_ids(run_dir) == [] and client.recv(0.2) is None   # nothing stored, nothing acked
-            daemon._behind_since = None
-            for g in games:                                   # sent again once the hold is over
-                client.send(g)
+        with Client(daemon.endpoint) as a, Client(daemon.endpoint) as b:
+            a.send(wire.Register("w-a", "testhost", os.getpid(), ("cpu",), "cyzero test"))
+            receive()
+            assert a.expect(wire.Registered).credit == 4       # alone: the whole budget
+            b.send(wire.Register("w-b", "testhost", os.getpid(), ("cpu",), "cyzero test"))
+            receive()
+            assert b.expect(wire.Registered).credit == 2       # two live workers: half each
+            waiting = game(worker="w-b")
+            b.send(waiting)
+            receive()
+            assert b.recv(0.3) is None and stored_ids(run_dir) == []   # 1 of 2: it waits for more
+            spent = [game(worker="w-a") for _ in range(2)]
+            for g in spent:
+                a.send(g)
             acked: set[str] = set()
-            while len(acked) < len(games):
-                if daemon._router.poll(100):
-                    daemon._receive()
-                daemon._flush()
-                message = client.recv(0.1)
+            while len(acked) < 2:
+                receive()
+                message = a.recv(0.2)
                 if isinstance(message, wire.Ack):
+                    assert message.credit == 2
                     acked.update(message.game_ids)
-            assert sorted(stored_ids(run_dir)) == sorted(g.game_id for g in games)
+            assert acked == {g.game_id for g in spent}
+            assert sorted(stored_ids(run_dir)) == sorted([waiting.game_id, *acked])  # one chunk: b's too
+            assert b.expect(wire.Ack).game_ids == (waiting.game_id,)
     finally:
         daemon.stop()
 
 
-def test_the_daemon_says_when_it_falls_behind_and_when_it_has_caught_up(run_dir, monkeypatch):
-    from trainer import daemon as daemon_module
-
-    monkeypatch.setattr(daemon_module, "BEHIND_AFTER_S", 0.0)
+def test_the_daemon_says_when_it_is_at_capacity_and_when_it_keeps_up_again(run_dir):
+    """Said once each way, with a band between (busy 70-90% says nothing new), and only per window."""
     lines: list[str] = []
     daemon = Daemon(run_dir, config(), log=lines.append)
-    daemon._still_waiting()                      # a full read: messages still waiting
-    assert daemon._behind_since is None
-    daemon._still_waiting()                      # and again, BEHIND_AFTER_S later: behind
-    assert daemon._behind_since is not None and "behind" in lines[-1] and "none is lost" in lines[-1]
-    daemon._held_games = 3
-    daemon._caught_up()                          # a read that found nothing waiting
-    assert daemon._behind_since is None and "caught up" in lines[-1] and "3 games held" in lines[-1]
-    daemon._caught_up()
-    assert len(lines) == 2                       # said once each
+    load = daemon._load
+
+    def window(busy_share: float, games: int) -> None:
+        now = time.monotonic()
+        load.since, load.busy = now - daemon_module.LOAD_WINDOW_S, busy_share * daemon_module.LOAD_WINDOW_S
+        daemon._games_total += games
+        daemon._note_load(now)
+
+    from trainer import daemon as daemon_module
+
+    window(0.5, 100)
+    assert lines == []
+    window(0.95, 10_000)
+    assert "at capacity" in lines[-1] and "95%" in lines[-1] and "1,000 games/s" in lines[-1]
+    assert "nothing is lost" in lines[-1]
+    window(0.8, 10_000)
+    window(0.95, 10_000)
+    assert len(lines) == 1
+    daemon._note_load(time.monotonic())          # within the window: nothing measured yet
+    window(0.4, 5_000)
+    assert len(lines) == 2 and "keeping up again" in lines[-1] and "500 games/s" in lines[-1]

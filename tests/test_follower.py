@@ -18,8 +18,11 @@ import pytest
 import zmq
 import zmq.auth
 
+import msgpack
+
 from engine.announce import (
-    FETCH_CHUNK_BYTES,
+    FETCH_PIECE_BYTES,
+    TOPIC,
     Announcer,
     KeyFileError,
     decode_fetch_request,
@@ -74,8 +77,17 @@ def publish_until(socket, frames, done, timeout=WAIT) -> None:
     raise AssertionError("the announcement never arrived")
 
 
+def pieces(served):
+    """A stand-in daemon's answer to a request for a piece: the bytes of ``served[generation]`` asked."""
+    def reply(r):
+        data = served[r.generation]
+        return encode_fetch_reply(r.generation, r.sha256, len(data), r.offset, data[r.offset:r.offset + r.length])
+    return reply
+
+
 class FetchServer:
-    """A stand-in daemon's ROUTER: answers every fetch with ``reply(request)`` (frames), on its own thread."""
+    """A stand-in daemon's ROUTER: answers every request for a piece with ``reply(request)`` (frames), on its
+    own thread."""
 
     def __init__(self, context, reply, server_keys=None) -> None:
         self.socket = context.socket(zmq.ROUTER)
@@ -229,7 +241,7 @@ def remote_announcement(generation, data_sha, fetch):
 def test_a_network_the_engine_cannot_read_is_fetched_verified_and_cached(tmp_path, weights, publisher):
     socket, endpoint = publisher
     served = {1: B, 2: B, 3: C}  # generation 2 serves the wrong bytes for its announced sha256
-    server = FetchServer(zmq.Context.instance(), lambda r: encode_fetch_reply(r.generation, r.sha256, served[r.generation]))
+    server = FetchServer(zmq.Context.instance(), pieces(served))
     cache = tmp_path / "cache"
     log, loader = Log(), CountingLoader()
     try:
@@ -263,24 +275,36 @@ def test_a_network_the_engine_cannot_read_is_fetched_verified_and_cached(tmp_pat
         server.close()
 
 
-GOOD_REPLY = [bytes(frame) for frame in encode_fetch_reply(1, sha(B), B)]  # the header, then B in chunks
-HEADER, *CHUNKS = GOOD_REPLY
-MISBEHAVING_REPLIES = {  # what the daemon sends -> what the refusal says
-    "a refusal": ([*encode_fetch_refusal(1, sha(B), "busy")], "refused to send it: busy"),
-    "truncated frames": (GOOD_REPLY[:1], f"ended after 0 of {len(B)} bytes"),
-    "too many frames": ([*GOOD_REPLY, b"extra"], f"has more than the {len(CHUNKS)} frames its header says"),
-    "too many bytes": ([HEADER, *CHUNKS[:-1], CHUNKS[-1] + b"extra"], f"carries more than the {len(B)} bytes announced"),
-    "too few bytes": ([HEADER, *CHUNKS[:-1], CHUNKS[-1][:-5]], f"carries {len(B) - 5} bytes, its header says {len(B)}"),
-    "garbled header": ([b"\xc1", *GOOD_REPLY[1:]], "malformed reply from the daemon"),
-    "another generation": (encode_fetch_reply(9, sha(B), B), "answered for generation 9, not 1"),
+def _good(r):
+    return pieces({1: B})(r)
+
+
+def _corrupted(r):
+    header, piece = _good(r)
+    return [header, piece[:100] + bytes([piece[100] ^ 1]) + piece[101:]] if r.offset == FETCH_PIECE_BYTES else [header, piece]
+
+
+CORRUPTED = B[:FETCH_PIECE_BYTES + 100] + bytes([B[FETCH_PIECE_BYTES + 100] ^ 1]) + B[FETCH_PIECE_BYTES + 101:]
+MISBEHAVING_REPLIES = {  # what the daemon answers a request -> what the refusal says
+    "a refusal": (lambda r: encode_fetch_refusal(1, sha(B), "busy", r.offset), "refused to send it: busy"),
+    "a short piece": (lambda r: [_good(r)[0], _good(r)[1][:-5]],
+                      f"carries {FETCH_PIECE_BYTES - 5} bytes at 0 where its header says {FETCH_PIECE_BYTES}"),
+    "too many frames": (lambda r: [*_good(r), b"extra"], "has 2 frames of bytes, not 1"),
+    "a corrupted piece": (_corrupted, f"have sha256 {sha(CORRUPTED)[:12]}, not the announced {sha(B)[:12]}"),
+    "another size later": (lambda r: encode_fetch_reply(1, sha(B), len(B) + r.offset // FETCH_PIECE_BYTES, r.offset,
+                                                        B[r.offset:r.offset + r.length]),
+                           f"said the file has {len(B)} bytes, then {len(B) + 1}"),
+    "garbled header": (lambda r: [b"\xc1", _good(r)[1]], "malformed reply from the daemon"),
+    "another generation": (lambda r: encode_fetch_reply(9, sha(B), len(B), r.offset, B[r.offset:r.offset + r.length]),
+                           "answered for generation 9, not 1"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(MISBEHAVING_REPLIES))
 def test_a_bad_fetch_reply_is_refused_and_the_old_network_kept(tmp_path, weights, publisher, case):
     socket, endpoint = publisher
-    frames, says = MISBEHAVING_REPLIES[case]
-    server = FetchServer(zmq.Context.instance(), lambda request: frames)
+    reply, says = MISBEHAVING_REPLIES[case]
+    server = FetchServer(zmq.Context.instance(), reply)
     log = Log()
     try:
         with make_manager(weights, log, endpoint=endpoint, cache_dir=str(tmp_path / "cache")) as manager:
@@ -292,6 +316,19 @@ def test_a_bad_fetch_reply_is_refused_and_the_old_network_kept(tmp_path, weights
             assert not os.listdir(tmp_path / "cache")
     finally:
         server.close()
+
+
+def test_a_daemon_of_fetch_version_1_is_refused_clearly_without_asking_it(weights, publisher):
+    socket, endpoint = publisher
+    old = {"type": "network", "version": 1, "generation": 1, "path": "/daemon-disk/run/gen1.onnx", "sha256": sha(B),
+           "fetch": "tcp://127.0.0.1:9"}  # as a daemon from before fetches in pieces announces
+    log = Log()
+    with make_manager(weights, log, endpoint=endpoint) as manager:
+        manager.get()
+        publish_until(socket, [TOPIC, msgpack.packb(old)], lambda: log.having("refused"))
+        assert ("the daemon at tcp://127.0.0.1:9 serves fetch version 1, this engine version 2: run the same "
+                "cyzero version on both") in log.having("refused")[0]
+        assert manager.sha256 == sha(A)
 
 
 def test_an_unreadable_path_without_a_fetch_endpoint_is_refused_clearly(weights, publisher):
@@ -309,11 +346,11 @@ def test_an_unreadable_path_without_a_fetch_endpoint_is_refused_clearly(weights,
 
 
 def test_an_engine_with_keys_follows_a_curve_daemon_and_fetches_from_it(tmp_path, weights, curve_daemon):
-    """A network of more than one full chunk: CURVE's framing adds to each chunk on the wire, which
-    the engine's size limit must allow (it once dropped the daemon at the first full chunk)."""
+    """A network of several full pieces: CURVE's framing adds to each piece on the wire, which
+    the engine's size limit must allow (it once dropped the daemon at the first full piece)."""
     context, server_keys, engine_keys, _ = curve_daemon
-    large = restamped(C, b" " * FETCH_CHUNK_BYTES)
-    server = FetchServer(context, lambda r: encode_fetch_reply(r.generation, r.sha256, large), server_keys=server_keys)
+    large = restamped(C, b" " * FETCH_PIECE_BYTES)
+    server = FetchServer(context, pieces({1: large}), server_keys=server_keys)
     try:
         with Announcer("tcp://127.0.0.1:*", interval=FAST, server_keys=server_keys, context=context) as daemon:
             # The daemon's disk is not ours: its announcements name the stand-in ROUTER to fetch from.
@@ -324,7 +361,8 @@ def test_an_engine_with_keys_follows_a_curve_daemon_and_fetches_from_it(tmp_path
                               cache_dir=str(tmp_path / "cache")) as manager:
                 manager.get()
                 assert manager.wait_pending(WAIT) and manager.apply_pending(), log.lines
-                assert manager.generation == 1 and manager.sha256 == sha(large) and len(server.requests) == 1
+                assert manager.generation == 1 and manager.sha256 == sha(large)
+                assert sorted(r.offset for r in server.requests) == list(range(0, len(large), FETCH_PIECE_BYTES))
                 assert log.having("switched to network") and not log.having("refused")
     finally:
         server.close()

@@ -23,7 +23,6 @@ from trainer.wire import (
     ErrorReply,
     Game,
     Heartbeat,
-    Hold,
     Refused,
     Register,
     Registered,
@@ -58,15 +57,14 @@ def game(n: int = 7, **changes) -> Game:
 
 MESSAGES = [
     Register("w-host1-12", "host1.example", 4242, ("cuda:0", "cuda:1"), "cyzero 0.3.0"),
-    Registered("run-2026-11", 5, "/runs/r/networks/gen-5.onnx", SHA),
+    Registered("run-2026-11", 5, "/runs/r/networks/gen-5.onnx", SHA, credit=8),
     Registered("run-2026-11"),
     Heartbeat("w-host1-12", 64, 1234.5, 5),
-    Ack(("a" * 32, "b" * 32)),
+    Ack(("a" * 32, "b" * 32), 64),
     Ack(()),
     Refused("records are not V6", "a" * 32),
     Refused("unknown worker"),
     ErrorReply("replay store: no space left on device", "a" * 32),
-    Hold(5.0, "the daemon is behind", ("a" * 32, "b" * 32)),
     Stop("run stopping"),
     Stop(),
 ]
@@ -158,7 +156,7 @@ def test_heartbeat_header_golden_bytes():
     expected = (
         bytes([0x86])  # fixmap of 6
         + _s("type") + _s("heartbeat")
-        + _s("version") + bytes([0x02])
+        + _s("version") + bytes([0x03])
         + _s("worker") + _s("w1")
         + _s("playing") + bytes([0x03])
         + _s("positions_per_s") + bytes([0xCB]) + struct.pack(">d", 12.5)
@@ -174,7 +172,7 @@ def test_game_header_golden_bytes():
     expected = (
         bytes([0x88])
         + _s("type") + _s("game")
-        + _s("version") + bytes([0x02])
+        + _s("version") + bytes([0x03])
         + _s("worker") + _s("w1")
         + _s("game") + _s("g1")
         + _s("generation") + bytes([0x00])
@@ -233,10 +231,11 @@ def _with(message, **changes) -> list[bytes]:
         (MESSAGES[4], {"games": ["x"] * 5000}, "more than"),
         (MESSAGES[6], {"reason": "x" * 5000}, "'reason'"),
         (MESSAGES[3], {"frames": [{"dtype": "uint8", "shape": [1]}]}, "describes 1 frames, 0 came"),
-        (MESSAGES[9], {"seconds": 0}, "'seconds' must be in"),
-        (MESSAGES[9], {"seconds": 601}, "'seconds' must be in"),
-        (MESSAGES[9], {"seconds": ...}, "no 'seconds'"),
-        (MESSAGES[9], {"games": ["a b"]}, "'games' must be"),
+        (MESSAGES[4], {"credit": ...}, "no 'credit'"),      # a version 2 daemon's ack
+        (MESSAGES[4], {"credit": 0}, "at least 1"),
+        (MESSAGES[4], {"credit": 4097}, "'credit' must be in"),
+        (MESSAGES[1], {"credit": ...}, "no 'credit'"),
+        (MESSAGES[1], {"credit": 2.5}, "'credit' must be an integer"),
     ],
 )
 def test_malformed_headers_are_wire_errors(message, changes, words):

@@ -89,6 +89,7 @@ class FakeDaemon:
         self.announcer = Announcer("tcp://127.0.0.1:*", fetch_endpoint="tcp://127.0.0.1:*", interval=0.3,
                                    server_keys=server_keys, context=self.context)
         port = self.announcer.endpoint.rpartition(":")[2]
+        self.credit = 64       # each game may be sent at once, unless a test grants less
         self.registered = dict(run="test-run", publish=f"tcp://*:{port}", selfplay=TINY, **registered)
         self.messages: list[tuple[bytes, wire.Message]] = []
         self.identity: Optional[bytes] = None
@@ -130,12 +131,12 @@ class FakeDaemon:
             self.identity = identity
             self.messages.append((identity, message))
             if isinstance(message, wire.Register):
-                self.send(wire.Registered(**self.registered))
+                self.send(wire.Registered(**{"credit": self.credit, **self.registered}))
             elif isinstance(message, wire.Game):
                 if message.game_id in self.refuse:
                     self.send(wire.Refused("bad game", message.game_id))
                 elif self.ack:
-                    self.send(wire.Ack((message.game_id,)))
+                    self.send(wire.Ack((message.game_id,), self.credit))
 
     def close(self) -> None:
         self.announcer.close()
@@ -247,7 +248,7 @@ def test_unacked_games_are_resent_with_the_same_id_refused_ones_dropped(daemon_f
     again = [g for g in daemon.games() if g.game_id == first.game_id]
     assert again[1].pgn == again[0].pgn and again[1].records.tobytes() == again[0].records.tobytes()
     daemon.ack = True
-    daemon.send(wire.Ack((first.game_id,)))
+    daemon.send(wire.Ack((first.game_id,), daemon.credit))
     mark = len(daemon.messages)
     daemon.serve(lambda: len([1 for _, m in daemon.messages[mark:] if isinstance(m, wire.Heartbeat)]) >= 6)
     later = [m.game_id for _, m in daemon.messages[mark:] if isinstance(m, wire.Game)]
@@ -316,8 +317,30 @@ def test_a_daemon_that_never_acks_pauses_self_play_at_the_bound_and_no_game_is_l
     # Acks come back: playing resumes, new games arrive.
     daemon.ack = True
     for game_id in sent:
-        daemon.send(wire.Ack((game_id,)))
+        daemon.send(wire.Ack((game_id,), daemon.credit))
     daemon.serve(lambda: running.said("self-play resumed") and len({g.game_id for g in daemon.games()}) > held)
+
+
+def test_the_worker_has_no_more_games_in_flight_than_its_credit(daemon_factory, nets):
+    """Flow control: with credit 2 and no acks, two games are sent (and resent) and the others wait on
+    the worker; an ack that grants 3 lets exactly as many more go as the credit then allows."""
+    make, start = daemon_factory
+    daemon = make(current(nets))
+    daemon.ack, daemon.credit = False, 2
+    running = start(daemon, games=4)
+    link = lambda: running.worker.link  # noqa: E731
+    daemon.serve(lambda: link() is not None and len(link().unacked) >= 4)
+    mark = len(daemon.messages)
+    daemon.serve(lambda: len([1 for _, m in daemon.messages[mark:] if isinstance(m, wire.Heartbeat)]) >= 4)
+    sent = list(dict.fromkeys(g.game_id for g in daemon.games()))
+    assert len(sent) == 2 and link().in_flight == 2 and link().credit == 2
+    assert {m.game_id for _, m in daemon.messages[mark:] if isinstance(m, wire.Game)} <= set(sent)  # resends only
+    daemon.send(wire.Ack((sent[0],), 3))
+    daemon.serve(lambda: len(set(g.game_id for g in daemon.games())) >= 4)
+    mark = len(daemon.messages)
+    daemon.serve(lambda: len([1 for _, m in daemon.messages[mark:] if isinstance(m, wire.Heartbeat)]) >= 4)
+    assert len(set(g.game_id for g in daemon.games())) == 4   # the acked one, and three in flight
+    assert link().in_flight == 3 and link().credit == 3
 
 
 def test_a_byte_bound_pauses_too_and_a_stop_says_what_was_not_acknowledged(daemon_factory, nets):
@@ -566,24 +589,27 @@ def test_the_worker_says_when_the_daemon_is_gone_and_when_it_is_back(daemon_fact
     assert worker.said(f"the daemon at {daemon.endpoint} is reachable again after"), worker.lines
 
 
-def test_a_hold_from_a_daemon_behind_keeps_the_games_and_sends_none_until_it_ends(daemon_factory, nets):
-    """Back-pressure (wire.Hold): the worker keeps the held games and sends no game for the seconds
-    asked; then it sends them again. Only lower bounds on time are asserted: a slow machine is late,
-    never early."""
-    make, start = daemon_factory
-    daemon = make(current(nets))
-    daemon.ack = False
-    running = start(daemon)
-    daemon.serve(lambda: len(daemon.games()) >= 1)
-    first = daemon.games()[0]
-    held_at = time.monotonic()
-    daemon.send(wire.Hold(3.0, "the daemon is behind", (first.game_id,)))
-    link = running.worker.link
-    daemon.serve(lambda: link.holds == 1)
-    assert link._hold_until >= held_at + 3.0      # every send waits for it
-    mark = len(daemon.messages)
-    daemon.serve(lambda: any(isinstance(m, wire.Game) and m.game_id == first.game_id
-                             for _, m in daemon.messages[mark:]), timeout=60)
-    assert time.monotonic() - held_at >= 3.0       # kept, and sent again only once the hold was over
-    assert running.said("the daemon is behind")
-    daemon.ack = True
+def test_a_workers_socket_calls_a_lost_daemon_again_at_its_own_pace_and_backs_off():
+    """No thundering herd after a daemon's restart: each worker's first redial comes after its own
+    random interval in RECONNECT_S, doubling up to RECONNECT_MAX_S (ZeroMQ's backoff)."""
+    import random
+
+    import zmq
+
+    from trainer.worker import RECONNECT_MAX_S, RECONNECT_S, configure_dealer
+
+    ctx = zmq.Context()
+    try:
+        intervals = set()
+        for seed in range(8):
+            sock = ctx.socket(zmq.DEALER)
+            configure_dealer(sock, None, random.Random(seed))
+            ivl = sock.getsockopt(zmq.RECONNECT_IVL)
+            assert RECONNECT_S[0] * 1000 <= ivl <= RECONNECT_S[1] * 1000
+            assert sock.getsockopt(zmq.RECONNECT_IVL_MAX) == RECONNECT_MAX_S * 1000
+            assert sock.getsockopt(zmq.IMMEDIATE) == 1 and sock.getsockopt(zmq.LINGER) == 0
+            intervals.add(ivl)
+            sock.close(0)
+        assert len(intervals) > 1   # spread, not one interval for the fleet
+    finally:
+        ctx.term()

@@ -7,17 +7,19 @@ in for 64 workers on 2 cores:
 
 * N workers: one DEALER each (a CurveZMQ client when the run has keys), all on one thread and
   one ``zmq.Poller``. Each registers, heartbeats and sends its games as :mod:`trainer.worker`
-  does: a game is held until its ``Ack``, resent every ``RESEND_S``, and a worker holding
+  does: a game is sent while fewer than the daemon's credit of its games await acks (the others
+  wait on the worker), held until its ``Ack``, resent every ``RESEND_S``, and a worker holding
   ``MAX_UNACKED_GAMES`` skips its next games (a real worker pauses self-play there). The fleet's
   games follow a schedule, game k due k / rate seconds after the start, dealt round-robin.
-  A ``Hold`` (the daemon is behind) stops a worker's sends for the seconds asked, a fifth more
-  at random, as there. Each game is a real wire message (:mod:`trainer.wire`) with a fresh id,
+  Each game is a real wire message (:mod:`trainer.wire`) with a fresh id,
   carrying the records and PGN of one of a few games made once (:func:`template_games`) in the
   run's input format: its records' gzip member is compressed once too (a real worker compresses
   each game, on cores of its own), so that one process can send a fleet's games.
-* M followers: a SUB each for the announcements and, for each newer generation, a DEALER that
-  fetches its bytes as :class:`engine.watchers.TrainerFollower` does (:mod:`engine.announce`'s
-  protocol), checks the sha256 and counts the swap. The generations are written here as the
+* M followers (:mod:`trainer.fleet_followers`), all on one thread: a SUB each for the announcements
+  and, for each newer generation, a DEALER that fetches its bytes in pieces with credit as
+  :class:`engine.watchers.TrainerFollower` does (:mod:`engine.announce`'s protocol), checks the
+  size and sha256 and counts the swap; the daemon's peak memory is read for each generation's
+  fetches (its VmHWM, reset when the generation is first heard). The generations are written here as the
   learner writes them (``networks/gen-NNNNN.onnx`` atomically, then a line in
   ``generations.jsonl``), of ``--network-mb`` random bytes: a transfer costs the same
   whatever the bytes mean, and nothing here loads them.
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import heapq
 import json
 import math
@@ -55,14 +56,12 @@ import psutil
 import zmq
 
 from engine import __version__
-from engine.announce import (
-    FETCH_CHUNK_BYTES, MAX_HEADER_BYTES, MAX_NETWORK_BYTES, TOPIC, AnnouncementError, NetworkAnnouncement,
-    decode_fetch_reply, decode_network_announcement, encode_fetch_request, load_client_keys,
-)
-from engine.watchers import FETCH_TIMEOUT_S, peer_endpoint
+from engine.announce import MAX_NETWORK_BYTES, fetch_memory_bound, load_client_keys
+from engine.watchers import FETCH_TIMEOUT_S
 from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl, sha256_bytes
-from trainer.worker import HEARTBEAT_S, LINK_TIMEOUT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S
+from trainer.fleet_followers import Followers, peak_rss
+from trainer.worker import HEARTBEAT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S, configure_dealer
 
 __all__ = ["BENCH_CONFIG", "GAMES_PER_HOUR_PER_WORKER", "FleetResult", "bench_fleet", "format_fleet_report",
            "template_games"]
@@ -213,7 +212,9 @@ class _SimWorker:
         self.next_register = 0.0
         self.next_heartbeat = 0.0
         self.held: dict[str, _Held] = {}
-        self.hold_until = 0.0  # the daemon is behind: no game is sent before this (wire.Hold)
+        self.credit = 1        # games it may have sent and unacknowledged (the daemon's Registered and Acks)
+        self.in_flight = 0     # held games sent at least once
+        self.waiting: collections.deque[str] = collections.deque()  # held games not sent yet: no credit left
         self.stopped = False
 
 
@@ -225,7 +226,7 @@ class _Fleet:
     is counted as unhandled and shown in the report."""
 
     REPLIES = {wire.Ack: "_on_ack", wire.Registered: "_on_registered", wire.Refused: "_on_refused",
-               wire.ErrorReply: "_on_error", wire.Hold: "_on_hold", wire.Stop: "_on_stop"}
+               wire.ErrorReply: "_on_error", wire.Stop: "_on_stop"}
 
     def __init__(self, endpoint: str, count: int, rate: float, templates: list[Template], keys: Any,
                  generation: Callable[[], int], max_unacked: int = MAX_UNACKED_GAMES) -> None:
@@ -234,17 +235,12 @@ class _Fleet:
         self.generation = generation
         self.mean_positions = float(np.mean([len(t.records) for t in templates]))
         self.workers: list[_SimWorker] = []
+        self._jitter = random.Random(0)   # resends and reconnects spread, as trainer.worker's
         self.by_socket: dict[Any, _SimWorker] = {}
         self.poller = zmq.Poller()
         for i in range(count):
             sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # as trainer.worker: nothing queued for a daemon not there
-            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(LINK_TIMEOUT_S * 1000))
-            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-            if keys is not None:
-                keys.apply(sock)
+            configure_dealer(sock, keys, self._jitter)
             sock.connect(endpoint)
             worker = _SimWorker(f"fleet-{os.getpid()}-{i:03d}", sock, i, count)
             self.workers.append(worker)
@@ -258,8 +254,10 @@ class _Fleet:
         self.made = 0             # of them, played (the others: their worker was at its bound or stopped)
         self.sent = 0             # of those, sent at least once
         self.paused = 0           # dealt to a worker holding max_unacked games: not played
+        self.credit_waits = 0     # games that waited on their worker for credit before their first send
         self.unsendable = 0       # dealt to a worker the daemon stopped
         self.resends = 0
+        self.resend_times: list[float] = []   # monotonic, one a resend: how a restarted daemon is called on
         self.no_room = 0          # sends ZeroMQ refused (no connection, or its queue full): tried again
         self.held_total = 0
         self.acked_ids: set[str] = set()
@@ -269,13 +267,10 @@ class _Fleet:
         self.refused: list[str] = []
         self.errors: list[str] = []
         self.stops = 0
-        self.holds: list[str] = []   # the Hold messages' reasons
-        self.held_back = 0           # games the daemon listed in them
         self.malformed = 0
         self.unhandled: collections.Counter = collections.Counter()
         self._resend_heap: list[tuple[float, int, int, str]] = []
         self._seq = 0
-        self._jitter = random.Random(0)
 
     # -- sending ----------------------------------------------------------------------
 
@@ -288,16 +283,19 @@ class _Fleet:
             return False
 
     def _send_game(self, index: int, game_id: str, held: _Held, now: float) -> None:
-        """Send (or resend) a held game now, unless its worker is told to hold; schedule what comes next."""
+        """Send (or resend) a held game now, if its worker's credit allows a first send; schedule what comes next."""
         worker = self.workers[index]
-        if now < worker.hold_until:
-            held.next_send = worker.hold_until
-        elif self._send(worker, held.frames):
+        if held.first_sent is None and worker.in_flight >= worker.credit:
+            worker.waiting.appendleft(game_id)  # others took the credit while this one waited to be tried again
+            return
+        if self._send(worker, held.frames):
             if held.first_sent is None:
                 held.first_sent = now
+                worker.in_flight += 1
                 self.sent += 1
             else:
                 self.resends += 1
+                self.resend_times.append(now)
             held.next_send = now + RESEND_S * self._jitter.uniform(0.8, 1.2)  # spread, as trainer.worker's
         else:
             held.next_send = now + _RETRY_S
@@ -329,11 +327,15 @@ class _Fleet:
                 self.held_total += 1
                 self.made += 1
                 self.lags.append(now - due)
-                self._send_game(index, game_id, held, now)
+                if worker.waiting or worker.in_flight >= worker.credit:
+                    worker.waiting.append(game_id)  # as trainer.worker: kept until the credit lets it go
+                    self.credit_waits += 1
+                else:
+                    self._send_game(index, game_id, held, now)
 
     def _resend_due(self, now: float) -> None:
         """The resends that are due, at most _SEND_BURST a turn: a fleet's workers send in parallel, so
-        one worker's burst (after a Hold, say) must not hold the others' sends and replies up here."""
+        one worker's burst (after a daemon's restart, say) must not hold the others' sends and replies up here."""
         heap = self._resend_heap
         for _ in range(_SEND_BURST):
             if not heap or heap[0][0] > now:
@@ -376,41 +378,49 @@ class _Fleet:
                 getattr(self, handler)(worker, message, now)
 
     def _on_ack(self, worker: _SimWorker, message: wire.Ack, now: float) -> None:
+        worker.credit = message.credit
         for game_id in message.game_ids:
-            held = worker.held.pop(game_id, None)
+            held = self._forget(worker, game_id)
             if held is None:
                 self.repeated_acks += 1  # a resend's second ack
                 continue
-            self.held_total -= 1
             self.acked_ids.add(game_id)
             self.acks.append((now - self.t0, held.positions, now - (held.first_sent or now), now - held.made))
+        self._send_waiting(worker, now)
+
+    def _forget(self, worker: _SimWorker, game_id: str) -> Optional[_Held]:
+        """A held game answered for good (acknowledged, refused): its credit comes back."""
+        held = worker.held.pop(game_id, None)
+        if held is not None:
+            self.held_total -= 1
+            if held.first_sent is not None:
+                worker.in_flight -= 1
+        return held
+
+    def _send_waiting(self, worker: _SimWorker, now: float) -> None:
+        """First sends of the games that waited for credit, as far as it goes now."""
+        while worker.waiting and worker.in_flight < worker.credit:
+            game_id = worker.waiting.popleft()
+            held = worker.held.get(game_id)
+            if held is not None:
+                self._send_game(worker.index, game_id, held, now)
 
     def _on_registered(self, worker: _SimWorker, message: wire.Registered, now: float) -> None:
         if worker.registered is None:
             worker.registered = message
+            worker.credit = message.credit
             worker.next_heartbeat = now + HEARTBEAT_S * worker.phase
 
     def _on_refused(self, worker: _SimWorker, message: wire.Refused, now: float) -> None:
         """Never resent as it is: the game is dropped (and the report says why)."""
-        if message.game_id is not None and worker.held.pop(message.game_id, None) is not None:
-            self.held_total -= 1
+        if message.game_id is not None:
+            self._forget(worker, message.game_id)
+            self._send_waiting(worker, now)
         self.refused.append(message.reason)
 
     def _on_error(self, worker: _SimWorker, message: wire.ErrorReply, now: float) -> None:
         """The daemon's failure: the game stays held and is resent at its time."""
         self.errors.append(message.reason)
-
-    def _on_hold(self, worker: _SimWorker, message: wire.Hold, now: float) -> None:
-        """Back-pressure: every game is kept and none sent for the seconds asked, a fifth more at random
-        so that the fleet does not come back at once (as trainer.worker)."""
-        self.holds.append(message.reason)
-        self.held_back += len(message.game_ids)
-        worker.hold_until = max(worker.hold_until, now + message.seconds * self._jitter.uniform(1.0, 1.2))
-        for game_id in message.game_ids:
-            held = worker.held.get(game_id)
-            if held is not None:
-                held.next_send = worker.hold_until
-                self._schedule(worker.index, game_id, held)
 
     def _on_stop(self, worker: _SimWorker, message: wire.Stop, now: float) -> None:
         worker.stopped = True
@@ -465,172 +475,6 @@ class _Fleet:
         self.ctx.term()
 
 
-# --------------------------------------------------------------------------- the followers
-
-
-@dataclasses.dataclass
-class _Fetch:
-    announcement: NetworkAnnouncement
-    socket: Any
-    started: float
-
-
-class _Followers:
-    """M followers of the run's networks on a thread of their own (and their own ZeroMQ context, so
-    that the bytes of big fetches do not hold up the workers' acks in one I/O thread)."""
-
-    def __init__(self, publish: str, count: int, keys: Any) -> None:
-        self.publish, self.keys = publish, keys
-        self.ctx = zmq.Context()
-        self.subs = []
-        for _ in range(count):
-            sub = self._socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
-            sub.connect(publish)
-            self.subs.append(sub)
-        self.have = [-1] * count                    # the generation each has swapped to
-        self.wanted: list[Optional[NetworkAnnouncement]] = [None] * count
-        self.fetching: list[Optional[_Fetch]] = [None] * count
-        self.failed: list[set[int]] = [set() for _ in range(count)]
-        self.results: list[dict] = []              # one per fetch: generation, follower, bytes, seconds, error
-        self.heard: dict[int, float] = {}          # generation -> when a follower first heard it (monotonic)
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._run, name="bench-fleet-followers", daemon=True)
-        self.thread.start()
-
-    def _socket(self, kind: int) -> Any:
-        sock = self.ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self.keys is not None:
-            self.keys.apply(sock)
-        return sock
-
-    def newest(self) -> int:
-        """The newest generation every follower has swapped to (-1: none yet)."""
-        return min(self.have) if self.have else -1
-
-    def done(self, generation: int) -> bool:
-        """Whether every follower has swapped to ``generation`` (or a newer one) or given it up."""
-        return all(have >= generation or generation in failed for have, failed in zip(self.have, self.failed))
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        for sub in self.subs:
-            poller.register(sub, zmq.POLLIN)
-        owner = {sub: i for i, sub in enumerate(self.subs)}
-        try:
-            while not self._stop.is_set():
-                for sock, _ in poller.poll(50):
-                    i = owner[sock]
-                    if sock is self.subs[i]:
-                        self._announcements(i)
-                    else:
-                        poller.unregister(sock)
-                        del owner[sock]
-                        self._complete(i)
-                now = time.monotonic()
-                for i, fetch in enumerate(self.fetching):
-                    if fetch is not None and now - fetch.started > FETCH_TIMEOUT_S:
-                        poller.unregister(fetch.socket)
-                        del owner[fetch.socket]
-                        self._finish(i, f"no reply within {FETCH_TIMEOUT_S:g} s (where the real follower gives up)")
-                    if self.fetching[i] is None and self.wanted[i] is not None:
-                        fetch = self._start(i)
-                        if fetch is not None:
-                            poller.register(fetch.socket, zmq.POLLIN)
-                            owner[fetch.socket] = i
-        except BaseException as e:  # noqa: BLE001 - the report says the followers failed, and why
-            self.error = e
-
-    def _announcements(self, i: int) -> None:
-        for _ in range(64):
-            try:
-                frames = self.subs[i].recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                a = decode_network_announcement(frames)
-            except AnnouncementError:
-                continue
-            with self.lock:
-                self.heard.setdefault(a.generation, time.monotonic())
-            current = self.fetching[i]
-            newest = max(self.have[i], current.announcement.generation if current else -1)
-            if a.generation > newest and a.generation not in self.failed[i]:
-                self.wanted[i] = a
-
-    def _start(self, i: int) -> Optional[_Fetch]:
-        a, self.wanted[i] = self.wanted[i], None
-        assert a is not None
-        if a.fetch is None:
-            self._record(i, a, 0, 0.0, "the daemon announced no fetch endpoint")
-            return None
-        sock = self._socket(zmq.DEALER)
-        # as the real follower: a frame over a chunk (and CURVE's framing) drops the peer
-        sock.setsockopt(zmq.MAXMSGSIZE, FETCH_CHUNK_BYTES + MAX_HEADER_BYTES)
-        sock.connect(peer_endpoint(a.fetch, self.publish, "fetch endpoint", "the publish endpoint"))
-        sock.send_multipart(encode_fetch_request(a.generation, a.sha256))
-        self.fetching[i] = _Fetch(a, sock, time.monotonic())
-        return self.fetching[i]
-
-    def _complete(self, i: int) -> None:
-        fetch = self.fetching[i]
-        assert fetch is not None
-        a = fetch.announcement
-        frames = fetch.socket.recv_multipart(copy=False)
-        try:
-            reply = decode_fetch_reply(frames[0])
-        except AnnouncementError as e:
-            self._finish(i, f"malformed reply: {e}")
-            return
-        if reply.refused is not None:
-            self._finish(i, f"refused: {reply.refused}")
-            return
-        if (reply.generation, reply.sha256) != (a.generation, a.sha256) or len(frames) - 1 != reply.chunks:
-            self._finish(i, f"a reply for generation {reply.generation} in {len(frames) - 1} frames, not generation "
-                            f"{a.generation} in {reply.chunks}")
-            return
-        digest, size = hashlib.sha256(), 0
-        for frame in frames[1:]:
-            digest.update(frame.buffer)
-            size += len(frame.buffer)
-        if size != reply.size or digest.hexdigest() != a.sha256:
-            self._finish(i, f"{size} bytes of sha256 {digest.hexdigest()[:12]}, not the {reply.size} announced of "
-                            f"{a.sha256[:12]}")
-            return
-        self._finish(i, None, size)
-
-    def _finish(self, i: int, error: Optional[str], size: int = 0) -> None:
-        fetch = self.fetching[i]
-        assert fetch is not None
-        fetch.socket.close(0)
-        self.fetching[i] = None
-        self._record(i, fetch.announcement, size, time.monotonic() - fetch.started, error)
-
-    def _record(self, i: int, a: NetworkAnnouncement, size: int, seconds: float, error: Optional[str]) -> None:
-        with self.lock:
-            self.results.append({"generation": a.generation, "follower": i, "bytes": size, "seconds": seconds,
-                                 "sha256": a.sha256, "error": error, "end": time.monotonic()})
-        if error is None:
-            self.have[i] = max(self.have[i], a.generation)  # the swap
-        else:
-            self.failed[i].add(a.generation)
-
-    def close(self) -> None:
-        if self.ctx.closed:
-            return
-        self._stop.set()
-        self.thread.join(10.0)
-        for fetch in self.fetching:
-            if fetch is not None:
-                fetch.socket.close(0)
-        for sub in self.subs:
-            sub.close(0)
-        self.ctx.term()
-
-
 def write_generation(run_dir: str, size: int, seed: int) -> dict:
     """A synthetic generation of ``size`` random bytes, as the learner exports one: the file atomically
     under networks/, then its line in generations.jsonl (which the daemon polls); returns the line."""
@@ -670,15 +514,9 @@ def _thread_cpu(pid: int) -> dict[str, float]:
 
 
 def _peak_rss(pid: int) -> Optional[int]:
-    """The kernel's high-water mark of the process's resident memory (Linux's VmHWM), in bytes."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """The kernel's high-water mark of the process's resident memory (Linux's VmHWM), in bytes, over its
+    life (the followers reset it for each generation's fetches: trainer.fleet_followers.peak_rss)."""
+    return peak_rss(pid)
 
 
 class _Sampler:
@@ -715,7 +553,13 @@ class _Sampler:
                                      100.0 * (thread - last_thread) / max(now - last, 1e-6), psutil.cpu_percent(None)))
                     last, last_thread = now, thread
             except psutil.Error:
-                return  # the daemon is gone: the main loop sees it too
+                continue  # the daemon is gone (the main loop sees it too) or killed and starting again
+
+    def follow(self, pid: int) -> None:
+        """Sample this daemon from now on (the one started again after a kill)."""
+        daemon = psutil.Process(pid)
+        daemon.cpu_percent(None)
+        self.daemon = daemon
 
     def close(self) -> None:
         self._stop.set()
@@ -725,7 +569,8 @@ class _Sampler:
 class _DaemonProcess:
     """``cyzero-train run RUN`` started here with no local worker and no learner (or one attached to)."""
 
-    def __init__(self, run_dir: str, *, attach: bool, profile: Optional[str], log: Callable[[str], None]) -> None:
+    def __init__(self, run_dir: str, *, attach: bool, profile: Optional[str], log: Callable[[str], None],
+                 port: Optional[str] = "auto") -> None:
         self.run_dir, self.log = run_dir, log
         self.proc: Optional[subprocess.Popen] = None
         self.profile = profile
@@ -739,8 +584,9 @@ class _DaemonProcess:
             self.info = info
             return
         command = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else []) + [
-            "-m", "trainer.cli", "run", run_dir, "--port", "auto", "--config", os.path.join(run_dir, BENCH_CONFIG),
-            "--devices", "cpu", "--workers-per-device", "0", "--learner-devices", "none"]
+            "-m", "trainer.cli", "run", run_dir, *(["--port", port] if port else []), "--config",
+            os.path.join(run_dir, BENCH_CONFIG), "--devices", "cpu", "--workers-per-device", "0",
+            "--learner-devices", "none"]
         os.makedirs(os.path.dirname(self.stderr_path), exist_ok=True)
         start = time.monotonic()
         with open(self.stderr_path, "ab") as err:
@@ -802,6 +648,75 @@ class _DaemonProcess:
             self.proc.wait()
             return {"stopped": False, "note": f"did not stop within {STOP_TIMEOUT_S:g} s of SIGINT: killed"}
         return {"stopped": code == 0, "exit_code": code, "stop_s": time.monotonic() - start}
+
+
+class _Restart:
+    """The daemon SIGKILLed ``at`` s into the run, then started again on the ports it had (the bench's
+    config rewritten with them) on a thread of its own, so that the fleet plays on meanwhile as a real
+    one does: its workers keep their games and call on the daemon until it is back."""
+
+    def __init__(self, daemon: _DaemonProcess, cfg: Any, at: float, log: Callable[[str], None]) -> None:
+        self.daemon, self.cfg, self.at, self.log = daemon, cfg, at, log
+        self.killed_at: Optional[float] = None    # monotonic
+        self.serving_at: Optional[float] = None
+        self.acked_before: frozenset[str] = frozenset()
+        self.error: Optional[BaseException] = None
+        self.thread: Optional[threading.Thread] = None
+
+    def due(self, now: float, t0: float) -> bool:
+        return self.killed_at is None and now >= t0 + self.at
+
+    @property
+    def restarting(self) -> bool:
+        return self.killed_at is not None and self.serving_at is None and self.error is None
+
+    def kill(self, acked: set[str]) -> None:
+        """SIGKILL now (what was acknowledged until now is noted), and start the daemon again on a thread."""
+        from trainer.config import to_toml
+
+        proc = self.daemon.proc
+        assert proc is not None
+        self.acked_before = frozenset(acked)
+        proc.kill()
+        proc.wait()
+        self.killed_at = time.monotonic()
+        self.log(f"killed the daemon (pid {proc.pid}, SIGKILL) with {len(acked):,} games acknowledged; starting "
+                 "it again on its ports")
+        ports = {name: str(self.daemon.info[name]).rsplit(":", 1)[1] for name in ("endpoint", "publish", "fetch")}
+        cfg = self.cfg.replace(daemon={name: f"{getattr(self.cfg.daemon, name).rsplit(':', 1)[0]}:{port}"
+                                       for name, port in ports.items()})
+        atomic_write_text(os.path.join(self.daemon.run_dir, BENCH_CONFIG), to_toml(cfg))
+        self.thread = threading.Thread(target=self._start, name="bench-fleet-restart", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.daemon = _DaemonProcess(self.daemon.run_dir, attach=False, profile=None, log=self.log, port=None)
+            self.serving_at = time.monotonic()
+        except BaseException as e:  # noqa: BLE001 - the run reports it
+            self.error = e
+
+    def figures(self, fleet: _Fleet, rate: float) -> dict:
+        """When it was killed and served again, when acks came back and reached the fleet's rate, and how
+        the workers' resends came after it."""
+        out: dict[str, Any] = {"kill_s": self.at, "acked_before_kill": len(self.acked_before),
+                               "acked_before_kill_stored": None, "restart_s": None}
+        if self.killed_at is None or self.serving_at is None:
+            return out
+        t_kill, t_back = self.killed_at - fleet.t0, self.serving_at - fleet.t0
+        out["restart_s"] = t_back - t_kill
+        after = np.array(sorted(a[0] for a in fleet.acks if a[0] >= t_back))
+        out["first_ack_after_s"] = float(after[0] - t_back) if after.size else None
+        # back at rate: the first second after the restart whose acks reach 90% of the fleet's rate
+        seconds = np.floor(after - t_back).astype(int) if after.size else np.array([], dtype=int)
+        counts = np.bincount(seconds) if seconds.size else np.array([])
+        at_rate = np.nonzero(counts >= 0.9 * rate)[0]
+        out["at_rate_after_s"] = float(at_rate[0] + 1) if at_rate.size else None
+        resends = np.array([t - fleet.t0 - t_back for t in fleet.resend_times if t - fleet.t0 >= t_back])
+        per_s = np.bincount(np.floor(resends).astype(int)) if resends.size else np.array([0])
+        out["resends_after"] = int(resends.size)
+        out["resends_most_in_a_second"] = int(per_s.max())
+        return out
 
 
 def _profile_top(path: str, count: int = 12) -> dict:
@@ -933,11 +848,12 @@ def _check_inputs(workers: int, followers: int, positions: int, seconds: float, 
             raise ValueError(f"--network-mb must be more than 0 and at most the {MAX_NETWORK_BYTES / 1e6:,.0f} MB a "
                              f"fetch accepts (engine.announce.MAX_NETWORK_BYTES), got {network_mb!r}")
         size = max(1, round(network_mb * 1e6))
-        need = (2 * followers + 2) * size
+        need = 2 * fetch_memory_bound(followers) + 2 * size
         available = psutil.virtual_memory().available
         if need > 0.8 * available:
             raise ValueError(f"{followers} followers of a {size / 1e6:,.0f} MB network may want {need / 1e9:,.1f} GB "
-                             f"(the daemon holds a copy a follower while it sends, each follower receives it whole), "
+                             f"(the daemon and the followers each hold up to engine.announce.fetch_memory_bound, "
+                             f"{fetch_memory_bound(followers) / 1e9:,.1f} GB, and the network is made in memory), "
                              f"more than 80% of the {available / 1e9:,.1f} GB available: use fewer --followers")
     if attach and (curve or profile):
         raise ValueError("--curve and --profile start a daemon; --attach uses the one serving the run")
@@ -948,7 +864,7 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
                 rate: Optional[float] = None, games_per_hour_per_worker: float = GAMES_PER_HOUR_PER_WORKER,
                 positions_per_game: int = POSITIONS_PER_GAME, seconds: float = 60.0, followers: int = 0,
                 network_mb: float = 10.0, generations: Optional[int] = None, attach: bool = False,
-                curve: bool = False, profile: Optional[str] = None,
+                curve: bool = False, profile: Optional[str] = None, kill_at: Optional[float] = None,
                 log: Callable[[str], None] = _stderr) -> FleetResult:
     """Run the simulated fleet against the daemon for ``seconds`` and check the store; see the module.
 
@@ -957,16 +873,26 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
     ``rate``: the fleet's games/s (None: ``workers`` x ``games_per_hour_per_worker``); ``generations``:
     new networks of ``network_mb`` MB published over the run (None: one when there are followers);
     ``curve``: the started daemon gets CurveZMQ keys; ``profile``: the daemon runs under cProfile,
-    which writes this file. ValueError for bad input, RuntimeError when the daemon cannot be used."""
+    which writes this file; ``kill_at``: the daemon is SIGKILLed this many seconds into the run and
+    started again (:class:`_Restart`). ValueError for bad input, RuntimeError when the daemon cannot
+    be used."""
     from trainer.config import default_config, load_config, load_effective_config, load_named_config, to_toml
 
     rate, generations, size = _check_inputs(workers, followers, positions_per_game, seconds, rate,
                                             games_per_hour_per_worker, generations, network_mb, attach, curve, profile)
+    if kill_at is not None:
+        if not (isinstance(kill_at, (int, float)) and math.isfinite(kill_at) and 0 < kill_at < seconds):
+            raise ValueError(f"--kill-at must fall within the run: more than 0 and less than --seconds ({seconds:g}), "
+                             f"got {kill_at!r}")
+        if attach or profile or followers or not workers:
+            raise ValueError("--kill-at kills the daemon the bench starts and measures its workers' return: it takes "
+                             "--workers, and not --attach, --profile or --followers")
     temporary = run_dir is None
     run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cyzero-fleet-"))
+    restart: Optional[_Restart] = None
     daemon: Optional[_DaemonProcess] = None
     fleet: Optional[_Fleet] = None
-    follow: Optional[_Followers] = None
+    follow: Optional[Followers] = None
     sampler: Optional[_Sampler] = None
     try:
         marker = os.path.join(run_dir, BENCH_CONFIG)
@@ -987,15 +913,17 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
                                    full_search_prob=cfg.selfplay.full_search_prob, visits=cfg.selfplay.visits) \
             if workers else []
         daemon = proc = _DaemonProcess(run_dir, attach=attach, profile=profile, log=log)
+        live = {"daemon": proc}   # the daemon serving now: another after a --kill-at restart
+        restart = _Restart(proc, cfg, kill_at, log) if kill_at is not None else None
         keys = None
         if proc.info.get("keys"):
             folder = os.path.expanduser(cfg.daemon.keys)
             keys = load_client_keys(os.path.join(folder if os.path.isabs(folder) else os.path.join(run_dir, folder),
                                                  "clients", "local"))
         before = _store_state(run_dir)
-        threads_before = _thread_cpu(proc.pid)
+        threads_before = _thread_cpu(proc.pid)   # after a --kill-at restart: the new daemon's, when it serves
         sampler = _Sampler(proc.pid, threading.get_native_id())
-        follow = _Followers(proc.info["publish"], followers, keys) if followers else None
+        follow = Followers(proc.info["publish"], followers, keys, proc.pid) if followers else None
         state = {"generation": 0}
         fleet = _Fleet(proc.info["endpoint"], workers, rate, templates, keys, lambda: state["generation"]) \
             if workers else None
@@ -1004,9 +932,22 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
 
         def tick(now: float) -> bool:
             """Watch the daemon and the followers, say where the run is; False stops the run."""
-            code = proc.exited()
+            if restart is not None and fleet is not None:
+                if fleet.t0 and restart.due(now, fleet.t0):
+                    restart.kill(fleet.acked_ids)
+                if restart.error is not None:
+                    problems.append(f"the daemon did not start again after the kill: {restart.error}")
+                    return False
+                if not restart.restarting and restart.daemon is not live["daemon"]:
+                    live["daemon"] = restart.daemon
+                    sampler.follow(restart.daemon.pid)
+                    threads_before.clear()
+                    threads_before.update(_thread_cpu(restart.daemon.pid))
+                    log(f"the daemon serves again (pid {restart.daemon.pid}), "
+                        f"{restart.serving_at - restart.killed_at:.1f} s after the kill")
+            code = None if restart is not None and restart.restarting else live["daemon"].exited()
             if code is not None:
-                problems.append(f"the daemon exited (code {code}) during the run: {proc.tail()}")
+                problems.append(f"the daemon exited (code {code}) during the run: {live['daemon'].tail()}")
                 return False
             if follow is not None:
                 if follow.error is not None:
@@ -1041,6 +982,7 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
             fleet.serve(drain_start + DRAIN_S, schedule=False, tick=tick, until_empty=True)
         drain_s = time.monotonic() - drain_start
         publisher.join()
+        proc = live["daemon"]
         if follow is not None:  # the last fetches (heartbeats go on meanwhile)
             deadline = time.monotonic() + FETCH_TIMEOUT_S + 10.0
             while not problems and not all(follow.done(r["generation"]) for r, _ in published) \
@@ -1076,6 +1018,10 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
             "store": store,
             "followers": _follower_figures(follow, published, sampler, size) if follow else None,
         }
+        if restart is not None:
+            figures["restart"] = restart.figures(fleet, rate)
+            counts = collections.Counter(i for r in _manifest_adds(run_dir) for i in r.get("game_ids") or [])
+            figures["restart"]["acked_before_kill_stored"] = sum(counts[i] == 1 for i in restart.acked_before)
         figures["problems"] = problems + _problems(figures)
         return FleetResult(figures, frozenset(fleet.acked_ids if fleet else ()), not figures["problems"])
     finally:
@@ -1083,8 +1029,9 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
             fleet.close()
         if follow is not None:
             follow.close()
-        if daemon is not None and daemon.exited() is None:
-            daemon.stop()
+        for started in {daemon, restart.daemon if restart is not None else None} - {None}:
+            if started.exited() is None:
+                started.stop()
         if sampler is not None:
             sampler.close()
         if temporary:
@@ -1116,7 +1063,7 @@ def _publish(run_dir: str, generations: int, size: int, t0: float, seconds: floa
         log(f"wrote generation {record['generation']} ({size / 1e6:,.1f} MB of random bytes)")
 
 
-def _progress_line(now: float, fleet: Optional[_Fleet], follow: Optional[_Followers], sampler: Optional[_Sampler],
+def _progress_line(now: float, fleet: Optional[_Fleet], follow: Optional[Followers], sampler: Optional[_Sampler],
                    progress: dict) -> str:
     parts = []
     if fleet is not None and fleet.t0:
@@ -1124,8 +1071,7 @@ def _progress_line(now: float, fleet: Optional[_Fleet], follow: Optional[_Follow
         rate = (acked - progress["acked"]) / max(now - progress["at"], 1e-9)
         progress["acked"], progress["at"] = acked, now
         parts.append(f"{now - fleet.t0:5.0f} s: {fleet.made:,} games made, {acked:,} acknowledged ({rate:,.1f}/s "
-                     f"lately), {fleet.held_total:,} awaiting acks"
-                     + (f", {len(fleet.holds):,} holds" if fleet.holds else ""))
+                     f"lately), {fleet.held_total:,} awaiting acks")
     if sampler is not None and sampler.cpu:
         _, daemon_cpu, bench_cpu, _, machine = sampler.cpu[-1]
         parts.append(f"daemon {daemon_cpu:.0f}% CPU, {sampler.rss[-1][1] / 1e6:,.0f} MB; bench {bench_cpu:.0f}% CPU; "
@@ -1165,6 +1111,7 @@ def _ingest_figures(fleet: _Fleet, seconds: float, drain_s: float, timeline: lis
     inside = times <= seconds
     return {
         "dealt": fleet.issued, "made": fleet.made, "sent": fleet.sent, "paused_at_bound": fleet.paused,
+        "credit_waits": fleet.credit_waits, "credit_at_end": _stats([w.credit for w in fleet.workers]),
         "unsendable": fleet.unsendable,
         "resends": fleet.resends, "no_room": fleet.no_room, "acked": len(fleet.acked_ids),
         "acked_games_per_s": float(inside.sum()) / seconds,
@@ -1173,7 +1120,6 @@ def _ingest_figures(fleet: _Fleet, seconds: float, drain_s: float, timeline: lis
         "games_per_s_by_span": _stats([p["acked_games_per_s"] for p in timeline[1:]]),  # the first: flushes to come
         "ack_latency_s": _stats([a[2] for a in fleet.acks]),
         "made_to_ack_s": _stats([a[3] for a in fleet.acks]),
-        "holds": len(fleet.holds), "hold_reasons": sorted(set(fleet.holds))[:3], "held_back": fleet.held_back,
         "unacked_at_end": fleet.held_total, "drain_s": drain_s, "repeated_acks": fleet.repeated_acks,
         "refused": len(fleet.refused), "refused_reasons": sorted(set(fleet.refused))[:3],
         "errors": len(fleet.errors), "error_reasons": sorted(set(fleet.errors))[:3], "stops": fleet.stops,
@@ -1210,7 +1156,9 @@ def _daemon_figures(daemon: _DaemonProcess, sampler: _Sampler, t0: float, second
             "thread_cpu_s": threads, **stopped, "profile": profile, "profile_top": profile_top}
 
 
-def _follower_figures(follow: _Followers, published: list, sampler: _Sampler, size: int) -> dict:
+def _follower_figures(follow: Followers, published: list, sampler: _Sampler, size: int) -> dict:
+    """Each generation's fetches: how long until every follower had it, and the daemon's memory meanwhile
+    (its peak from VmHWM, reset when the generation was first heard; else the sampler's largest sample)."""
     rows = []
     for generation in sorted({r["generation"] for r in follow.results}):
         results = [r for r in follow.results if r["generation"] == generation]
@@ -1231,11 +1179,22 @@ def _follower_figures(follow: _Followers, published: list, sampler: _Sampler, si
             during = [s[1] for s in sampler.rss if start <= s[0] <= end + SAMPLE_S]
             row["daemon_rss_before_mb"] = before[-1] / 1e6 if before else None
             row["daemon_rss_peak_mb"] = max(during) / 1e6 if during else None
+            if ours is not None:
+                row["published_to_all_s"] = end - ours[1]
+        memory = follow.memory.get(generation) or {}
+        if memory.get("rss_before") is not None and memory.get("peak") is not None:
+            row["daemon_rss_before_mb"] = memory["rss_before"] / 1e6
+            row["daemon_rss_peak_mb"] = memory["peak"] / 1e6
+        row["daemon_peak_from"] = "VmHWM" if memory.get("peak") is not None else "samples"
+        row["daemon_growth_mb"] = (row["daemon_rss_peak_mb"] - row["daemon_rss_before_mb"]
+                                   if row.get("daemon_rss_peak_mb") is not None
+                                   and row.get("daemon_rss_before_mb") is not None else None)
         if ours is not None and generation in follow.heard:
             row["published_to_heard_s"] = follow.heard[generation] - ours[1]
         rows.append(row)
     made = [record["generation"] for record, _ in published]
     return {"count": len(follow.have), "network_bytes": size, "content": "random bytes",
+            "memory_bound_mb": fetch_memory_bound(len(follow.have)) / 1e6, "pieces_asked_again": follow.asked_again,
             "generations": rows, "every_follower_swapped": all(have >= max(made, default=-1) for have in follow.have)
             and all(g not in failed for g in made for failed in follow.failed)}
 
@@ -1258,6 +1217,12 @@ def _problems(figures: dict) -> list[str]:
     if followers is not None and not followers["every_follower_swapped"]:
         failed = [e for row in followers["generations"] for e in row["errors"]]
         out.append(f"followers: not every follower verified and swapped to the new generations {failed[:3]}")
+    restart = figures.get("restart")
+    if restart is not None and (restart["restart_s"] is None
+                                or restart["acked_before_kill_stored"] != restart["acked_before_kill"]):
+        out.append(f"restart: {restart['acked_before_kill_stored']} of the {restart['acked_before_kill']} games "
+                   f"acknowledged before the kill are in the store once; served again: "
+                   f"{restart['restart_s'] is not None}")
     if daemon.get("stopped") is False:
         out.append(f"daemon: {daemon.get('note') or 'exit code ' + str(daemon.get('exit_code'))}")
     return out
@@ -1275,10 +1240,11 @@ def _report_ingest(ing: dict, st: dict) -> list[str]:
         f"first: median {_f(each['p50'])}, min {_f(each['min'])} games/s",
         f"  ack latency (first send to ack): p50 {_f(lat['p50'], '.3f')} s, p99 {_f(lat['p99'], '.3f')} s, max "
         f"{_f(lat['max'], '.3f')} s (from the game's end: p99 {_f(ing['made_to_ack_s']['p99'], '.3f')} s); "
-        f"{ing['resends']:,} resends, {ing['paused_at_bound']:,} games skipped by workers at their bound, "
+        f"{ing['resends']:,} resends, {ing['credit_waits']:,} games waited on their worker for credit (each "
+        f"worker's credit at the end: {_f(ing['credit_at_end']['min'], '.0f')}-{_f(ing['credit_at_end']['max'], '.0f')}"
+        f"), {ing['paused_at_bound']:,} games skipped by workers at their bound, "
         f"{ing['unacked_at_end']:,} unacknowledged after {ing['drain_s']:.1f} s of drain",
-        f"  replies: {ing['holds']:,} holds {ing['hold_reasons']} ({ing['held_back']:,} games held back), "
-        f"{ing['errors']} errors {ing['error_reasons']}, {ing['refused']} refused, {ing['stops']} stops, "
+        f"  replies: {ing['errors']} errors {ing['error_reasons']}, {ing['refused']} refused, {ing['stops']} stops, "
         f"unhandled {ing['unhandled'] or 'none'}",
         f"  store: {st['games']:,} games, {st['positions']:,} positions in {st['chunks']:,} chunks "
         f"({_f(st['positions_per_chunk'], ',.0f')} positions a chunk); by the manifest {st['games_per_s']:,.1f} "
@@ -1327,19 +1293,34 @@ def _report_generator(gen: dict, workers: int) -> str:
 
 def _report_followers(fol: dict) -> list[str]:
     lines = [f"  followers: {fol['count']}, new networks of {fol['network_bytes'] / 1e6:,.1f} MB of {fol['content']}; "
-             f"every follower verified and swapped: {'yes' if fol['every_follower_swapped'] else 'NO'}"]
+             f"every follower verified and swapped: {'yes' if fol['every_follower_swapped'] else 'NO'}; "
+             f"{fol['pieces_asked_again']} pieces asked again; the daemon's memory bound for them "
+             f"{fol['memory_bound_mb']:,.0f} MB"]
     for row in fol["generations"]:
         fs, each = row["fetch_s"], row["mb_per_s_each"]
         origin = "" if row["bench_made"] else " (the run's own network)"
         errors = f" ({'; '.join(row['errors'])})" if row["errors"] else ""
+        to_all = (f"; written to all swapped {_f(row['published_to_all_s'], '.2f')} s"
+                  if row.get("published_to_all_s") is not None else "")
         lines.append(f"    generation {row['generation']}{origin}: "
                      f"{row['verified']} verified, {row['failed']} failed{errors}; a fetch "
                      f"{_f(fs['min'], '.2f')}-{_f(fs['max'], '.2f')} s (median {_f(fs['p50'], '.2f')}, "
                      f"{_f(each['p50'], ',.0f')} MB/s each), all in {_f(row.get('all_fetches_s'), '.2f')} s "
-                     f"({_f(row.get('aggregate_mb_per_s'), ',.0f')} MB/s in all); daemon RSS "
+                     f"({_f(row.get('aggregate_mb_per_s'), ',.0f')} MB/s in all){to_all}; daemon RSS "
                      f"{_f(row.get('daemon_rss_before_mb'), ',.0f')} MB before, "
-                     f"{_f(row.get('daemon_rss_peak_mb'), ',.0f')} MB at most during them")
+                     f"{_f(row.get('daemon_rss_peak_mb'), ',.0f')} MB at most during them "
+                     f"(+{_f(row.get('daemon_growth_mb'), ',.0f')} MB, by {row['daemon_peak_from']})")
     return lines
+
+
+def _report_restart(r: dict) -> str:
+    if r["restart_s"] is None:
+        return f"  restart: killed at {r['kill_s']:g} s; the daemon did not serve again"
+    return (f"  restart: SIGKILL at {r['kill_s']:g} s with {r['acked_before_kill']:,} games acknowledged, "
+            f"{r['acked_before_kill_stored']:,} of them in the store once; serving again {r['restart_s']:.1f} s "
+            f"later; then the first ack in {_f(r['first_ack_after_s'], '.1f')} s, a second at the fleet's rate "
+            f"after {_f(r['at_rate_after_s'], '.0f')} s; {r['resends_after']:,} resends, at most "
+            f"{r['resends_most_in_a_second']:,} in a second")
 
 
 def format_fleet_report(figures: dict) -> str:
@@ -1358,5 +1339,7 @@ def format_fleet_report(figures: dict) -> str:
     lines.append(_report_generator(figures["generator"], f["workers"]))
     if figures["followers"] is not None:
         lines += _report_followers(figures["followers"])
+    if figures.get("restart") is not None:
+        lines.append(_report_restart(figures["restart"]))
     lines.append("  problems: " + ("; ".join(figures["problems"]) if figures["problems"] else "none"))
     return "\n".join(lines)

@@ -301,6 +301,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="(fleet) use the daemon already serving --run (a run the bench made) instead of "
                             "starting one")
     bench.add_argument("--curve", action="store_true", help="(fleet) the started daemon uses CurveZMQ keys")
+    bench.add_argument("--kill-at", type=float, default=None, metavar="SECONDS",
+                       help="(fleet) SIGKILL the started daemon this many seconds into the run and start it again "
+                            "on its ports; the report says when it served again, when acks reached the fleet's "
+                            "rate, and that every game acknowledged before the kill is stored once")
     bench.add_argument("--profile", metavar="FILE", default=None,
                        help="(fleet) run the started daemon under cProfile, which writes FILE; the report lists "
                             "where its main thread's time goes")
@@ -674,7 +678,7 @@ def bench_main(args: argparse.Namespace) -> int:
                                  positions_per_game=args.positions_per_game,
                                  seconds=60.0 if args.seconds is None else args.seconds, followers=args.followers,
                                  network_mb=args.network_mb, generations=args.generations, attach=args.attach,
-                                 curve=args.curve, profile=args.profile)
+                                 curve=args.curve, profile=args.profile, kill_at=args.kill_at)
         except RuntimeError as e:
             print(f"cyzero-train bench fleet: {e}", file=sys.stderr)
             return 1

@@ -29,6 +29,7 @@ import fcntl
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -72,12 +73,22 @@ ALIVE_S = 10.0  # a worker heard from within this (5 of trainer.worker's heartbe
 SILENT_S = 30.0  # a worker not heard from for this long is said to be silent (and again when it is back)
 FORGET_S = 3600.0  # a remote worker silent this long leaves the workers list (a one-off client, a machine gone)
 RECENT_GAME_IDS = 100_000  # stored game ids remembered to drop resends: about 13 MB (see _RecentIds)
+# Flow control is credit (trainer/wire.py): the live workers share IN_FLIGHT_GAMES games sent and not
+# yet acknowledged, 1 to MAX_CREDIT each, so what waits for the daemon stays about half a second of its
+# work (it stores about 1,000 games/s: docs/scale.md) however many games the fleet plays; each worker
+# keeps its other games and pauses self-play at its own bound.
+IN_FLIGHT_GAMES = 512
+MAX_CREDIT = 64
+CREDIT_EVERY_S = 1.0  # the live workers counted again this often
 RECEIVE_BATCH = 256  # messages read per poll before the loop looks at its timers
-# Back-pressure: messages still waiting after this long of reading without a pause mean the daemon is
-# behind; it then stores no new game and tells each sender to hold its games for HOLD_S (they keep
-# them and send them again), until it has read everything that waits.
-BEHIND_AFTER_S = 2.0
-HOLD_S = 5.0
+# A peer's messages queued here at most: its credit's games and its heartbeats. A peer that sends more
+# (credit ignored) waits in TCP, so the daemon's memory stays bounded by its peers, not their games.
+PEER_QUEUE = 4 * MAX_CREDIT
+# The daemon says it is at capacity when receiving and storing took AT_CAPACITY of a LOAD_WINDOW_S,
+# and that it keeps up again below KEEPING_UP: the fleet then waits on credit, which is by design.
+LOAD_WINDOW_S = 10.0
+AT_CAPACITY = 0.9
+KEEPING_UP = 0.7
 MAX_ROUTER_MESSAGE = wire.MAX_FRAME_BYTES * 2 + wire.MAX_HEADER_BYTES  # a game: records, PGN and header
 _RUN_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 
@@ -371,6 +382,16 @@ class _Child:
 
 
 @dataclasses.dataclass
+class _Load:
+    """The daemon's time spent receiving and storing since ``since`` (monotonic), and its games then."""
+
+    since: float = dataclasses.field(default_factory=time.monotonic)
+    busy: float = 0.0
+    games: int = 0
+    full_since: Optional[float] = None  # at capacity since then (None: keeping up)
+
+
+@dataclasses.dataclass
 class _Worker:
     """What the daemon knows of one worker id (local or remote)."""
 
@@ -390,6 +411,7 @@ class _Worker:
     started: float = dataclasses.field(default_factory=time.time)
     child: Optional[_Child] = None
     silent_since: Optional[float] = None  # monotonic time it was said to be silent (None: heard lately)
+    buffered: int = 0  # its games received and not yet stored
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -502,9 +524,10 @@ class Daemon:
         self._stored = _RecentIds(recent_game_ids)  # the newest stored game ids: resends are dropped
         self._buffer: dict[str, tuple[wire.Game, set[bytes]]] = {}
         self._first_buffered = 0.0
-        self._reading_since: Optional[float] = None   # since when messages have waited at every read
-        self._behind_since: Optional[float] = None    # back-pressure on: games are held, not stored
-        self._held_games = 0
+        self._load = _Load()   # the share of time spent receiving and storing: at capacity or not
+        self._credit = MAX_CREDIT   # each worker's share of IN_FLIGHT_GAMES (see _credit_now)
+        self._credit_at = -math.inf
+        self._credit_spent = False  # a worker has as many games buffered as its credit
         self._workers: dict[str, _Worker] = {}
         self._learner: Optional[_Child] = None
         self._ladder: Optional[_Child] = None  # the strength ladder (trainer.evaluate --follow)
@@ -749,7 +772,7 @@ class Daemon:
         self._router = router
         router.setsockopt(zmq.LINGER, 1000)
         router.setsockopt(zmq.MAXMSGSIZE, MAX_ROUTER_MESSAGE)
-        router.setsockopt(zmq.RCVHWM, 10_000)
+        router.setsockopt(zmq.RCVHWM, PEER_QUEUE)
         if server_keys is not None:
             router.curve_server = True
             router.curve_publickey, router.curve_secretkey = server_keys
@@ -871,10 +894,14 @@ class Daemon:
         poller.register(self._router, zmq.POLLIN)
         next_generations = next_workers = next_supervise = 0.0
         while not stop.is_set() and not self._hurry.is_set():
-            if dict(poller.poll(100)).get(self._router):
+            ready = dict(poller.poll(100)).get(self._router)
+            began = time.monotonic()
+            if ready:
                 self._receive()
+            self._flush_if_due(time.monotonic())
             now = time.monotonic()
-            self._flush_if_due(now)
+            self._load.busy += now - began
+            self._note_load(now)
             if now >= next_supervise:
                 self._supervise()
                 next_supervise = now + 0.2
@@ -895,63 +922,57 @@ class Daemon:
         if self._buffer and (now - self._first_buffered >= d.flush_s or len(self._buffer) >= d.flush_games):
             self._flush()
 
-    def _receive(self) -> None:
-        holds: dict[bytes, list[str]] = {}
-        try:
-            for _ in range(RECEIVE_BATCH):
-                try:
-                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    self._caught_up()
-                    return
-                identity = frames[0].bytes
-                if self._behind_since is not None and self._hold(identity, frames[1:], holds):
-                    continue
-                try:
-                    message = wire.decode(frames[1:])
-                except wire.WireError as e:
-                    self._dropped(f"dropped a malformed message: {e}")
-                    continue
-                try:
-                    self._handle(identity, message)
-                except wire.WireError as e:  # a reply that cannot be encoded: dropped as a bad message is
-                    self._dropped(f"dropped a message: {e}")
-                if len(self._buffer) >= self.config.daemon.flush_games:
-                    self._flush()
-            self._still_waiting()
-        finally:
-            for identity, ids in holds.items():
-                self._send_ids(identity, ids, lambda part: wire.Hold(HOLD_S, "the daemon is behind", part))
-
-    def _still_waiting(self) -> None:
-        """A full read left messages waiting: behind once that has lasted BEHIND_AFTER_S."""
+    def _credit_now(self) -> int:
+        """A worker's credit: IN_FLIGHT_GAMES shared by the workers heard within ALIVE_S (counted again
+        every CREDIT_EVERY_S, and when a worker joins), 1 to MAX_CREDIT each."""
         now = time.monotonic()
-        if self._reading_since is None:
-            self._reading_since = now
-        elif self._behind_since is None and now - self._reading_since >= BEHIND_AFTER_S:
-            self._behind_since = now
-            self.log(f"behind: messages have waited at every read for {now - self._reading_since:.1f} s; new games "
-                     f"are held (their workers keep them and send them again in {HOLD_S:g} s), none is lost")
+        if now - self._credit_at >= CREDIT_EVERY_S:
+            alive = sum(1 for w in self._workers.values() if now - w.last_heard < ALIVE_S)
+            self._credit = max(1, min(MAX_CREDIT, IN_FLIGHT_GAMES // max(1, alive)))
+            self._credit_at = now
+        return self._credit
 
-    def _caught_up(self) -> None:
-        self._reading_since = None
-        if self._behind_since is not None:
-            self.log(f"caught up after {time.monotonic() - self._behind_since:.1f} s behind: {self._held_games:,} "
-                     f"game{'s' if self._held_games != 1 else ''} held, to be sent again")
-            self._behind_since = None
-            self._held_games = 0
+    def _receive(self) -> None:
+        """Read what waits (RECEIVE_BATCH messages at most), storing a chunk whenever flush_games are
+        buffered; at the end, store what a worker waits on (it sent all its credit allows)."""
+        for _ in range(RECEIVE_BATCH):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                message = wire.decode(frames[1:])
+            except wire.WireError as e:
+                self._dropped(f"dropped a malformed message: {e}")
+                continue
+            try:
+                self._handle(frames[0].bytes, message)
+            except wire.WireError as e:  # a reply that cannot be encoded: dropped as a bad message is
+                self._dropped(f"dropped a message: {e}")
+            if len(self._buffer) >= self.config.daemon.flush_games:
+                self._flush()
+        if self._credit_spent:
+            self._flush()  # a worker sent all its credit allows: waiting for flush_s would idle it
 
-    def _hold(self, identity: bytes, frames: list, holds: dict[bytes, list[str]]) -> bool:
-        """While behind: a game not yet stored is held (read from its header alone); True when so."""
-        try:
-            kind, game_id = wire.peek(frames)
-        except wire.WireError:
-            return False   # decode says what is wrong with it
-        if kind != "game" or game_id in self._stored or game_id in self._buffer:
-            return False
-        holds.setdefault(identity, []).append(game_id)
-        self._held_games += 1
-        return True
+    def _note_load(self, now: float) -> None:
+        """Each LOAD_WINDOW_S: say when receiving and storing fill the daemon's time (the fleet offers
+        more than it stores, and waits on credit) and when they no longer do."""
+        load = self._load
+        if now - load.since < LOAD_WINDOW_S:
+            return
+        share = load.busy / (now - load.since)
+        stored = self._games_total - load.games
+        rate = stored / (now - load.since)
+        if load.full_since is None and share >= AT_CAPACITY:
+            load.full_since = load.since
+            self.log(f"at capacity: receiving and storing took {share:.0%} of the last {now - load.since:.0f} s "
+                     f"({rate:,.0f} games/s stored); the workers keep the games their credit ({self._credit} each) "
+                     f"does not let in, and pause self-play at their own bound: nothing is lost")
+        elif load.full_since is not None and share < KEEPING_UP:
+            self.log(f"keeping up again after {now - load.full_since:,.0f} s at capacity ({share:.0%} busy, "
+                     f"{rate:,.0f} games/s stored)")
+            load.full_since = None
+        load.since, load.busy, load.games = now, 0.0, self._games_total
 
     def _send(self, identity: bytes, message: Any) -> None:
         try:
@@ -962,7 +983,7 @@ class Daemon:
             self._dropped(f"reply not sent: {e}")
 
     def _send_ids(self, identity: bytes, ids: list[str], message: Callable[[tuple[str, ...]], Any]) -> None:
-        """``message(ids)`` for game ids (an Ack, a Hold), in as many messages as the wire's limit needs."""
+        """``message(ids)`` for game ids (an Ack), in as many messages as the wire's limit needs."""
         for i in range(0, len(ids), wire.MAX_ACK_GAMES):
             self._send(identity, message(tuple(ids[i:i + wire.MAX_ACK_GAMES])))
 
@@ -971,6 +992,7 @@ class Daemon:
         worker = self._workers.get(worker_id)
         if worker is None:
             worker = self._workers[worker_id] = _Worker(worker_id)
+            self._credit_at = -math.inf  # one more to share the credit with
         if worker.silent_since is not None:
             self.log(f"{worker_id} is back after {time.monotonic() - worker.last_heard:,.0f} s silent")
             worker.silent_since = None
@@ -989,7 +1011,7 @@ class Daemon:
             worker.playing, worker.positions_per_s = message.playing, message.positions_per_s
             worker.generation = message.generation
         elif isinstance(message, wire.Game):
-            self._worker(message.worker, identity)
+            worker = self._worker(message.worker, identity)
             played = int(message.records["input_format"][0])   # wire.py checked: one format a game
             if played != self._store.input_format:
                 reason = (f"its records are lc0's input format {played}, and this run's network reads format "
@@ -997,13 +1019,15 @@ class Daemon:
                 self._dropped(f"refused game {message.game_id} of {message.worker}: {reason}")
                 self._send(identity, wire.Refused(reason, message.game_id))
             elif message.game_id in self._stored:
-                self._send(identity, wire.Ack((message.game_id,)))
+                self._send(identity, wire.Ack((message.game_id,), self._credit_now()))
             elif message.game_id in self._buffer:
                 self._buffer[message.game_id][1].add(identity)
             else:
                 if not self._buffer:
                     self._first_buffered = time.monotonic()
                 self._buffer[message.game_id] = (message, {identity})
+                worker.buffered += 1
+                self._credit_spent = self._credit_spent or worker.buffered >= self._credit
         else:
             self._dropped(f"dropped a {type(message).__name__} message: workers do not send those")
 
@@ -1013,9 +1037,10 @@ class Daemon:
         selfplay = dataclasses.asdict(self.config.selfplay)
         publish = rehost(self.publish, "*")  # the peer puts in the host it dialled
         if current is None:
-            return wire.Registered(self.name, publish=publish, selfplay=selfplay, openings=self._openings)
+            return wire.Registered(self.name, publish=publish, selfplay=selfplay, openings=self._openings,
+                                   credit=self._credit_now())
         return wire.Registered(self.name, current["generation"], os.path.join(self.run_dir, current["onnx"]),
-                               current["sha256"], publish, selfplay, self._openings)
+                               current["sha256"], publish, selfplay, self._openings, self._credit_now())
 
     # -- storing games ---------------------------------------------------------------------
 
@@ -1026,6 +1051,11 @@ class Daemon:
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, {}
+        self._credit_spent = False
+        for game, _ in buffered.values():
+            worker = self._workers.get(game.worker)
+            if worker is not None:
+                worker.buffered = 0
         by_generation: dict[int, list[tuple[wire.Game, set[bytes]]]] = {}
         for game, senders in buffered.values():
             by_generation.setdefault(game.generation, []).append((game, senders))
@@ -1068,8 +1098,9 @@ class Daemon:
                 self._positions_total += game.positions
                 for identity in senders:
                     acks.setdefault(identity, []).append(game.game_id)
+        credit = self._credit_now()
         for identity, ids in acks.items():
-            self._send_ids(identity, ids, wire.Ack)
+            self._send_ids(identity, ids, lambda part: wire.Ack(part, credit))
 
     def _append_pgn(self, generation: int, games: Sequence[wire.Game]) -> None:
         """RUN/pgn/games-gNNNNN.pgn gets the games' PGNs (after their chunk is durable)."""

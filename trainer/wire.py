@@ -11,23 +11,26 @@ type            sent by                 header fields (frames)
 ==============  ======================  ======================================================
 ``register``    worker                  ``worker``, ``host``, ``pid``, ``devices``, ``software``
 ``registered``  daemon                  ``run``, ``generation``?, ``path``?, ``sha256``?,
-                                        ``publish``?, ``selfplay`` (frames: the openings'
-                                        FENs as ``uint8 [bytes]``, one per line, or none)
+                                        ``publish``?, ``selfplay``, ``credit`` (frames: the
+                                        openings' FENs as ``uint8 [bytes]``, one per line, or none)
 ``heartbeat``   worker                  ``worker``, ``playing``, ``positions_per_s``, ``generation``
 ``game``        worker                  ``worker``, ``game``, ``generation``, ``positions``,
                                         ``result``, ``termination`` (frames: the V6 records as
                                         one gzip member, ``uint8 [bytes]``, which the daemon
                                         inflates to check and stores as it is; the PGN as
                                         ``uint8 [bytes]``)
-``ack``         daemon                  ``games``: the game ids now durable in the replay store
+``ack``         daemon                  ``games``: the game ids now durable in the replay store;
+                                        ``credit``: the games this worker may have sent and not
+                                        yet seen acknowledged, from now on
 ``refused``     daemon                  ``reason``, ``game``?: never resend this message as it is
 ``error``       daemon                  ``reason``, ``game``?: a failure on the daemon's side;
                                         keep the game and resend it later
-``hold``        daemon                  ``seconds``, ``reason``, ``games``: the daemon is behind;
-                                        keep these games (none was buffered) and send no game
-                                        for ``seconds``
 ``stop``        daemon                  ``reason``: stop playing and exit
 ==============  ======================  ======================================================
+
+Flow control is credit: a worker sends a game only while fewer than ``credit`` of
+its games await their acks (the rest wait on the worker, which has them anyway), so
+what a fleet has in flight is what the daemon granted, however many games it plays.
 
 Limits: a header at most :data:`MAX_HEADER_BYTES` (64 KiB, as the announcements'),
 a raw frame at most :data:`MAX_FRAME_BYTES` (64 MiB: a game of up to 8,031
@@ -57,6 +60,7 @@ from trainer.records import RECORD_BYTES, RECORD_DTYPE, check_records, compress_
 
 __all__ = [
     "DTYPES",
+    "MAX_CREDIT",
     "MAX_FRAMES",
     "MAX_FRAME_BYTES",
     "MAX_HEADER_BYTES",
@@ -66,7 +70,6 @@ __all__ = [
     "ErrorReply",
     "Game",
     "Heartbeat",
-    "Hold",
     "Message",
     "Refused",
     "Register",
@@ -77,10 +80,11 @@ __all__ = [
     "decode_arrays",
     "encode",
     "encode_arrays",
-    "peek",
 ]
 
-WIRE_VERSION = 2  # 2: a game's records travel as one gzip member (the worker compresses, not the daemon)
+# 2: a game's records travel as one gzip member (the worker compresses, not the daemon);
+# 3: registered and ack carry the worker's credit, which replaces version 2's hold
+WIRE_VERSION = 3
 MAX_FRAME_BYTES = 64 << 20  # one raw frame; a game of 8,031 positions fills it
 MAX_FRAMES = 8  # raw frames after the header
 MAX_DIMS = 8
@@ -88,7 +92,7 @@ MAX_ID_CHARS = 128
 MAX_TEXT_CHARS = 1000  # host, software, termination, reasons
 MAX_DEVICES = 64
 MAX_ACK_GAMES = 4096
-MAX_HOLD_S = 600.0  # the longest a daemon may ask its workers to hold their games
+MAX_CREDIT = 4096  # the most games a daemon may let one worker have awaiting acks (MAX_ACK_GAMES: one ack)
 MAX_COUNT = 2**31 - 1
 RESULTS = ("1-0", "0-1", "1/2-1/2")
 
@@ -125,8 +129,8 @@ class Register:
 class Registered:
     """The daemon's welcome: its run, the generation to play (all three ``None`` before the first),
     where it announces new generations (``publish``; a ``*`` host means the host the worker
-    connected to), how to play (``selfplay``: the run's ``[selfplay]`` keys) and the start
-    positions (``openings``: FENs, sent as one text frame)."""
+    connected to), how to play (``selfplay``: the run's ``[selfplay]`` keys), the start
+    positions (``openings``: FENs, sent as one text frame) and the worker's first ``credit``."""
 
     run: str
     generation: Optional[int] = None
@@ -135,6 +139,7 @@ class Registered:
     publish: Optional[str] = None
     selfplay: dict = dataclasses.field(default_factory=dict)
     openings: tuple[str, ...] = ()
+    credit: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +178,12 @@ class Game:
 
 @dataclasses.dataclass(frozen=True)
 class Ack:
-    """These games are in the replay store and fsynced: the worker may forget them."""
+    """These games are in the replay store and fsynced: the worker may forget them. ``credit``: how
+    many of its games the worker may have sent and unacknowledged from now on (the daemon's share of
+    what it can take, for each of its workers)."""
 
     game_ids: tuple[str, ...]
+    credit: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,23 +203,13 @@ class ErrorReply:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hold:
-    """Back-pressure: the daemon is behind and took none of ``game_ids`` (nor buffered them): keep
-    them, and send no game for ``seconds``; what it acknowledged stays acknowledged."""
-
-    seconds: float
-    reason: str = ""
-    game_ids: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
 class Stop:
     """The daemon asks a worker to stop (run stopping, worker replaced)."""
 
     reason: str = ""
 
 
-Message = Union[Register, Registered, Heartbeat, Game, Ack, Refused, ErrorReply, Hold, Stop]
+Message = Union[Register, Registered, Heartbeat, Game, Ack, Refused, ErrorReply, Stop]
 
 
 # --------------------------------------------------------------------------- field checks
@@ -349,7 +347,7 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
         return _register(message.worker, message.host, message.pid, message.devices, message.software), []
     if isinstance(message, Registered):
         fields = _registered(message.run, message.generation, message.path, message.sha256, message.publish,
-                             message.selfplay)
+                             message.selfplay, message.credit)
         openings = tuple(_text(fen, "openings", 200) for fen in message.openings)
         if any("\n" in fen for fen in openings):
             raise WireError("an opening FEN holds a newline")
@@ -369,11 +367,9 @@ def _fields(message: Message) -> tuple[dict, list[np.ndarray]]:
             raise WireError(f"a game's compressed records are {len(member):,} bytes, more than {MAX_FRAME_BYTES:,}")
         return header, [np.frombuffer(member, dtype=np.uint8), pgn]
     if isinstance(message, Ack):
-        return {"games": list(_ids(message.game_ids, "games", MAX_ACK_GAMES))}, []
+        return {"games": list(_ids(message.game_ids, "games", MAX_ACK_GAMES)), "credit": _credit(message.credit)}, []
     if isinstance(message, (Refused, ErrorReply)):
         return _reply(message.reason, message.game_id), []
-    if isinstance(message, Hold):
-        return _hold(message.seconds, message.reason, message.game_ids), []
     if isinstance(message, Stop):
         return {"reason": _text(message.reason, "reason")}, []
     raise WireError(f"{type(message).__name__} is not a wire message")
@@ -387,7 +383,6 @@ _TYPES: dict[type, str] = {
     Ack: "ack",
     Refused: "refused",
     ErrorReply: "error",
-    Hold: "hold",
     Stop: "stop",
 }
 
@@ -444,10 +439,18 @@ def _settings(value: Any) -> dict:
     return out
 
 
-def _registered(run: Any, generation: Any, path: Any, sha256: Any, publish: Any = None, selfplay: Any = None) -> dict:
+def _credit(value: Any) -> int:
+    credit = _int(value, "credit", MAX_CREDIT)
+    if credit < 1:
+        raise WireError("'credit' must be at least 1: a worker always may send one game")
+    return credit
+
+
+def _registered(run: Any, generation: Any, path: Any, sha256: Any, publish: Any, selfplay: Any,
+                credit: Any) -> dict:
     fields: dict[str, Any] = {"run": _id(run, "run"), "generation": None, "path": None, "sha256": None,
                               "publish": None if publish is None else _text(publish, "publish", 300),
-                              "selfplay": _settings(selfplay)}
+                              "selfplay": _settings(selfplay), "credit": _credit(credit)}
     if generation is None and path is None and sha256 is None:
         return fields
     if generation is None or path is None or sha256 is None:
@@ -495,14 +498,6 @@ def _check_game_records(records: np.ndarray) -> None:
         raise WireError(f"game records refused: {e}") from None
 
 
-def _hold(seconds: Any, reason: Any, game_ids: Any) -> dict:
-    seconds = _float(seconds, "seconds")
-    if not 0 < seconds <= MAX_HOLD_S:
-        raise WireError(f"'seconds' must be in (0, {MAX_HOLD_S:g}], got {seconds:g}")
-    return {"seconds": seconds, "reason": _text(reason, "reason"),
-            "games": list(_ids(game_ids, "games", MAX_ACK_GAMES))}
-
-
 def _reply(reason: Any, game_id: Any) -> dict:
     return {"reason": _text(reason, "reason"), "game": _optional_id(game_id, "game")}
 
@@ -537,7 +532,7 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
         return _decode_game(header, arrays)
     if kind == "registered":
         f = _registered(_field(header, "run"), header.get("generation"), header.get("path"), header.get("sha256"),
-                        header.get("publish"), header.get("selfplay"))
+                        header.get("publish"), header.get("selfplay"), _field(header, "credit"))
         if len(arrays) > 1 or (arrays and (arrays[0].dtype != np.uint8 or arrays[0].ndim != 1)):
             raise WireError("a registered message carries at most one frame, the openings as uint8 text")
         try:
@@ -554,10 +549,7 @@ def _decode_fields(kind: str, header: dict, arrays: list[np.ndarray]) -> Message
         f = _heartbeat(*(_field(header, key) for key in ("worker", "playing", "positions_per_s", "generation")))
         return Heartbeat(**f)
     if kind == "ack":
-        return Ack(_ids(_field(header, "games"), "games", MAX_ACK_GAMES))
-    if kind == "hold":
-        f = _hold(_field(header, "seconds"), header.get("reason", ""), header.get("games", []))
-        return Hold(f["seconds"], f["reason"], tuple(f["games"]))
+        return Ack(_ids(_field(header, "games"), "games", MAX_ACK_GAMES), _credit(_field(header, "credit")))
     if kind in ("refused", "error"):
         f = _reply(_field(header, "reason"), header.get("game"))
         return (Refused if kind == "refused" else ErrorReply)(f["reason"], f["game"])
@@ -581,13 +573,6 @@ def _header(frames: Sequence[Any]) -> tuple[str, dict]:
     if version != WIRE_VERSION:
         raise WireError(f"unsupported {kind} message version {version} (this side reads version {WIRE_VERSION})")
     return kind, header
-
-
-def peek(frames: Sequence[Any]) -> tuple[str, Optional[str]]:
-    """A message's type and, for a game, its id, read from the header alone (no frame is inflated):
-    enough for a daemon that holds games to answer. Raises :class:`WireError`."""
-    kind, header = _header(frames)
-    return kind, (_id(header.get("game"), "game") if kind == "game" else None)
 
 
 def decode(frames: Iterable[Any]) -> Message:

@@ -11,14 +11,14 @@ subprocess each).  The protocol (trainer/wire.py has the messages):
   the announced file when this machine can read it, else the first announcement
   on the daemon's PUB socket (the follower fetches the bytes and checks the
   sha256); each new generation is swapped in between moves, games go on;
-* every finished game is sent as a ``Game`` and kept until an ``Ack`` lists it
+* every finished game is sent as a ``Game`` (while fewer than the daemon's ``credit`` of
+  its games await acks; the others wait here) and kept until an ``Ack`` lists it
   (a game with no record, a short one in which no move got a full search, is
   counted as finished but not sent: it teaches nothing, and the replay store
   keeps no empty game),
   resent every 8-12 s meanwhile (spread, so that a fleet does not resend at once; the
   daemon drops a game id it has), so neither a lost message nor a daemon restart
-  (ZeroMQ reconnects) loses a game; a ``Hold`` (the daemon is behind) stops every send
-  for the seconds it asks, a fifth more at random;
+  (ZeroMQ reconnects) loses a game;
 * the games awaiting their acks are bounded (``max_unacked_games``, ``max_unacked_bytes``):
   at the bound self-play pauses (said in the log, at most once a minute) until acks make
   room, so a worker whose daemon is down stops growing instead of filling its memory; no
@@ -55,7 +55,7 @@ from trainer import wire
 from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config, worker_max_batch
 
 __all__ = ["HEARTBEAT_S", "MAX_UNACKED_BYTES", "MAX_UNACKED_GAMES", "REGISTER_S", "RESEND_S", "STOP_WAIT_S",
-           "Worker", "parse_devices", "run_workers"]
+           "Worker", "configure_dealer", "parse_devices", "run_workers"]
 
 REGISTER_S = 5.0      # Register is resent this often until Registered
 HEARTBEAT_S = 2.0     # a Heartbeat this often
@@ -67,6 +67,10 @@ WAITING_SAY_S = 10.0  # no Registered this long: say where we are waiting, once
 MAX_UNACKED_GAMES = 1024         # games awaiting acks at which self-play pauses
 MAX_UNACKED_BYTES = 256 << 20    # ... or their records and PGNs this large (a game of 40 records: ~330 KB)
 PAUSED_SAY_S = 60.0   # "self-play paused" at most this often
+# A lost daemon is dialled again after RECONNECT_S (each worker its own, at random in this range), then
+# twice as long each time up to RECONNECT_MAX_S: a fleet whose daemon restarts does not call at once.
+RECONNECT_S = (0.1, 0.3)
+RECONNECT_MAX_S = 2.0
 _RETRY_S = 0.2        # a send refused for want of a connection is tried again this soon
 _POLL_MS = 50
 _ID_BAD = re.compile(r"[^A-Za-z0-9._:-]")
@@ -134,7 +138,9 @@ class _Link:
         self._say = say
         self._context = context or zmq.Context.instance()
         self._outbox: "queue.Queue[tuple[FinishedGame, int]]" = queue.Queue()   # (game, its bytes)
-        self.unacked: dict[str, list] = {}   # game id -> [frames, next send time, bytes]; this thread only
+        self.unacked: dict[str, list] = {}   # game id -> [frames, next send time, bytes, sent]; this thread only
+        self.credit = 1            # games that may await acks at once (the daemon's Registered and Acks say)
+        self.in_flight = 0         # unacked games sent at least once
         self.max_games, self.max_bytes = max_games, max_bytes
         self._room = threading.Condition()   # guards the two counts below; notified when games leave
         self.held_games = 0        # games in the outbox or unacked
@@ -153,8 +159,6 @@ class _Link:
         self.refused = 0
         self._limit = RateLimit()
         self._drain_until: Optional[float] = None
-        self._hold_until = 0.0     # the daemon is behind: no game is sent before this (wire.Hold)
-        self.holds = 0             # Hold messages heeded
         self._jitter = random.Random()   # resends spread out, so that workers do not all send at once
         self._down_since: Optional[float] = None  # monotonic time the daemon became unreachable
         self._closing = threading.Event()
@@ -234,15 +238,7 @@ class _Link:
         zmq = self._zmq
         sock = self._context.socket(zmq.DEALER)
         try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for a daemon that is not there: resends cover it
-            # ZMTP pings: a link cut without a reset (a cable, a firewall) drops the connection within
-            # LINK_TIMEOUT_S instead of TCP's minutes, so sends fail and the outage is seen and said
-            sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(LINK_TIMEOUT_S * 1000))
-            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-            if self._keys is not None:
-                self._keys.apply(sock)
+            configure_dealer(sock, self._keys, self._jitter)
             sock.connect(self.connect)
             self._loop(sock)
         except BaseException as e:  # noqa: BLE001 - the playing thread sees it and exits with an error
@@ -285,12 +281,15 @@ class _Link:
                 draining = True
                 for entry in self.unacked.values():
                     entry[1] = now  # resend everything once now
-            for entry in self.unacked.values() if now >= self._hold_until else ():
-                if now >= entry[1]:
+            for entry in self.unacked.values():
+                if now >= entry[1] and (entry[3] or self.in_flight < self.credit):
                     if not self._send(sock, entry[0]):
                         entry[1] = now + _RETRY_S
                         break  # no connection now: the others wait too
                     entry[1] = now + RESEND_S * self._jitter.uniform(0.8, 1.2)
+                    if not entry[3]:
+                        entry[3] = True
+                        self.in_flight += 1
             if self.registered is not None and now >= next_heartbeat:
                 rate = self._rate(samples, now)
                 reached = self._send(sock, wire.encode(wire.Heartbeat(self.worker, int(self.playing), rate[0],
@@ -300,7 +299,8 @@ class _Link:
             if now >= next_stats:
                 positions_per_s, games_per_h = self._rate(samples, now)
                 self._say(f"{games_per_h:.0f} games/h, {positions_per_s:.1f} positions/s, generation "
-                          f"{self.generation}, {len(self.unacked)} games awaiting acks"
+                          f"{self.generation}, {len(self.unacked)} games awaiting acks ({self.in_flight} sent, "
+                          f"the daemon's credit {self.credit})"
                           + (" (self-play paused at the bound)" if self.full() else ""))
                 next_stats = now + STATS_S
             if draining and (not self.unacked or now >= self._drain_until):  # type: ignore[operator]
@@ -343,7 +343,7 @@ class _Link:
             self._say(f"game {game.game_id} cannot be sent ({e}); dropped")
             self._release(size)
             return
-        self.unacked[game.game_id] = [frames, now, size]
+        self.unacked[game.game_id] = [frames, now, size, False]
         self.games += 1
 
     def _receive(self, frames: list) -> None:
@@ -353,50 +353,63 @@ class _Link:
             self._limited(f"dropped a malformed message from the daemon: {e}")
             return
         if isinstance(message, wire.Ack):
+            self.credit = message.credit
             for game_id in message.game_ids:
-                entry = self.unacked.pop(game_id, None)
+                entry = self._forget(game_id)
                 if entry is not None:
                     self.acked += 1
-                    self._release(entry[2])
         elif isinstance(message, wire.Registered):
             if self.registered is None:
                 self.registered = message
+                self.credit = message.credit
                 self.registered_event.set()
                 self._say(f"registered with run {message.run} at {self.connect}"
                           + ("" if message.generation is None else f", generation {message.generation}"))
         elif isinstance(message, wire.Refused):
-            entry = None if message.game_id is None else self.unacked.pop(message.game_id, None)
+            entry = None if message.game_id is None else self._forget(message.game_id)
             if entry is not None:
                 self.refused += 1
-                self._release(entry[2])
                 self._say(f"the daemon refused game {message.game_id}: {message.reason}; dropped")
             else:
                 self._limited(f"the daemon refused a message: {message.reason}")
         elif isinstance(message, wire.ErrorReply):
             self._limited(f"the daemon could not take {'a message' if message.game_id is None else 'game ' + message.game_id}"
                           f": {message.reason}; it will be resent")
-        elif isinstance(message, wire.Hold):
-            # Back-pressure: keep every game and send none for the time asked, give or take a fifth
-            # so that the daemon's workers do not all come back at once.
-            self.holds += 1
-            self._hold_until = max(self._hold_until,
-                                   time.monotonic() + message.seconds * self._jitter.uniform(1.0, 1.2))
-            for game_id in message.game_ids:
-                entry = self.unacked.get(game_id)
-                if entry is not None:
-                    entry[1] = self._hold_until
-            self._limited(f"the daemon is behind ({message.reason}): {len(message.game_ids)} games held, none sent "
-                          f"for {message.seconds:g} s")
         elif isinstance(message, wire.Stop):
             self._say(f"the daemon asks to stop{': ' + message.reason if message.reason else ''}")
             self._stop.set()
         else:
             self._limited(f"ignored a {type(message).__name__} message from the daemon")
 
+    def _forget(self, game_id: str) -> Optional[list]:
+        """An unacked game the daemon answered for good (stored, or refused): its entry, or None."""
+        entry = self.unacked.pop(game_id, None)
+        if entry is not None:
+            self.in_flight -= entry[3]
+            self._release(entry[2])
+        return entry
+
     def _limited(self, text: str) -> None:
         dropped = self._limit.admit()
         if dropped is not None:
             self._say(text + (f" ({dropped} similar lines suppressed)" if dropped else ""))
+
+
+def configure_dealer(sock: Any, keys: Any, rng: random.Random) -> None:
+    """A worker's DEALER to the daemon (the bench's simulated workers use it too)."""
+    import zmq
+
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing queued for a daemon that is not there: resends cover it
+    # ZMTP pings: a link cut without a reset (a cable, a firewall) drops the connection within
+    # LINK_TIMEOUT_S instead of TCP's minutes, so sends fail and the outage is seen and said
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_S * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(LINK_TIMEOUT_S * 1000))
+    sock.setsockopt(zmq.RECONNECT_IVL, int(rng.uniform(*RECONNECT_S) * 1000))
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(RECONNECT_MAX_S * 1000))
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+    if keys is not None:
+        keys.apply(sock)
 
 
 # --------------------------------------------------------------------------- the worker
