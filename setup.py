@@ -184,7 +184,7 @@ setup(
         "chess",
         "pyzmq",
         "msgpack",
-        # engine.lc0 builds an lc0 weights file's graph with it (imported only for such a file).
+        # engine.lc0_onnx builds an lc0 weights file's graph with it (imported only for such a file).
         "onnx",
         # ONNX Runtime's CPU build; the `gpu` extra brings onnxruntime-gpu, which is the same
         # import package: keep one (make engine GPU=1 removes this one; docs/troubleshooting.md).

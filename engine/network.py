@@ -92,7 +92,8 @@ import numpy as np
 
 from engine.contract import INPUT_NAME, MLH_NAME, POLICY_NAME, WDL_NAME
 from engine.encoding import PLANES, POLICY_SIZE
-from engine.lc0 import Lc0Error, is_lc0_file, lc0_to_onnx, read_lc0
+from engine.lc0 import Lc0Error, is_lc0_file, read_lc0
+from engine.lc0_onnx import lc0_to_onnx
 
 #: The ONNX metadata key that names the lc0 input format a network reads (absent: format 1).
 INPUT_FORMAT_KEY = "cyzero.input_format"

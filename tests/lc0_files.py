@@ -1,15 +1,17 @@
 """An independent writer and NumPy reference for lc0 network weight files (tests only).
 
 Why this exists: ``engine/lc0.py`` reads lc0's ``.pb`` / ``.pb.gz`` weight files
-(protobuf ``pblczero.Net``, lc0's ``proto/net.proto``) and turns them into an
-ONNX graph.  Its tests need lc0 files of many shapes (SE or not, convolutional
+(protobuf ``pblczero.Net``, lc0's ``proto/net.proto``) and ``engine/lc0_onnx.py``
+turns them into an ONNX graph.  Their tests need lc0 files of many shapes (SE or not, convolutional
 or classical policy, WDL or classical value, moves-left, mish, every layer
 encoding, old files without a format or without BN gammas/betas, broken files)
 and an answer to compare the converted graph against.  This module provides
 both, written from the file format and lc0's network semantics alone: it
-imports nothing from ``engine.lc0`` and does not use the ``protobuf`` package
-(the few wire-format rules it needs are encoded by hand below), so a
-misreading in the converter cannot hide behind the same misreading here.
+imports nothing from ``engine.lc0`` and keeps net.proto's field numbers and
+the layer encodings of its own, so a misreading of lc0's format in the reader
+cannot hide behind the same misreading here.  Only protobuf's wire rules
+(varints, keys, length-delimited fields) come from the project's one codec,
+``engine.lc0_proto``, whose bytes ``tests/test_lc0_files.py`` checks by hand.
 
     >>> spec = Lc0Spec(blocks=2, filters=16, se=True, moves_left=True)
     >>> data, weights = make_lc0(spec)            # serialized Net, decoded arrays
@@ -32,7 +34,6 @@ import gzip
 import json
 import os
 import re
-import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ import numpy as np
 import pytest
 
 from engine.encoding import POLICY_INDEX
+from engine.lc0_proto import fixed32 as f_fixed32, float32 as f_float, length_delimited as f_bytes, string as f_string, \
+    uint as f_varint, varint, walk
 from engine.network import POLICY_SIZE
 
 MAGIC = 0x1C0
@@ -108,48 +111,6 @@ def _policy_map() -> np.ndarray:
 
 
 POLICY_MAP = _policy_map()
-
-
-# --------------------------------------------------------------------------- protobuf wire format (encoder)
-
-def varint(value: int) -> bytes:
-    """Base-128 varint; negative values as 64-bit two's complement (proto int32/int64/enum)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _key(field: int, wire_type: int) -> bytes:
-    return varint((field << 3) | wire_type)
-
-
-def f_varint(field: int, value: int) -> bytes:
-    return _key(field, 0) + varint(int(value))
-
-
-def f_fixed32(field: int, value: int) -> bytes:
-    return _key(field, 5) + struct.pack("<I", value)
-
-
-def f_float(field: int, value: float) -> bytes:
-    return _key(field, 5) + struct.pack("<f", value)
-
-
-def f_bytes(field: int, payload: bytes) -> bytes:
-    """A length-delimited field: bytes, string (give it encoded) or an embedded message."""
-    return _key(field, 2) + varint(len(payload)) + bytes(payload)
-
-
-def f_string(field: int, text: str) -> bytes:
-    return f_bytes(field, text.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------- layers
@@ -574,47 +535,11 @@ def write_lc0(path, spec: Lc0Spec, gz: bool = True) -> Dict[str, np.ndarray]:
 # The weights do not depend on the input format: the same network with format.network_format.input
 # rewritten is a network of that format (docs/recipes/lc0-input-formats.py, tests/test_lc0.py).
 
-def _varint(buf: bytes, i: int):
-    shift = value = 0
-    while True:
-        if i >= len(buf):
-            raise ValueError("truncated varint")
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-
-
-def _fields(buf: bytes):
-    """(field, wire type, raw bytes of the whole field, payload or varint value) of a message: the
-    fixed32 / fixed64 payloads as their bytes; ValueError where the message is cut short. (This
-    module's protobuf walker; tests/test_lc0_files.py reads the writer's files with it too.)"""
-    i = 0
-    while i < len(buf):
-        start = i
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire in (1, 2, 5):
-            n, what = {1: (8, "fixed64"), 5: (4, "fixed32"), 2: (None, "length-delimited field")}[wire]
-            if n is None:
-                n, i = _varint(buf, i)
-            if i + n > len(buf):
-                raise ValueError(f"truncated {what}")
-            value, i = bytes(buf[i:i + n]), i + n
-        else:
-            raise ValueError(f"wire type {wire} in field {field}")
-        yield field, wire, buf[start:i], value
-
-
 def _rewrite(buf: bytes, path: tuple, value: int) -> bytes:
     """``buf`` with the varint at the field path ``path`` (message fields, then the varint's) set to
     ``value``; the field is added where the innermost message lacks it."""
     out, found = bytearray(), False
-    for field, wire, raw, payload in _fields(buf):
+    for field, wire, span, payload in walk(buf):
         if field == path[0] and len(path) == 1 and wire == 0:
             out += varint(field << 3) + varint(value)
             found = True
@@ -623,7 +548,7 @@ def _rewrite(buf: bytes, path: tuple, value: int) -> bytes:
             out += varint(field << 3 | 2) + varint(len(inner)) + inner
             found = True
         else:
-            out += raw
+            out += buf[span]
     if not found:
         inner = varint(value) if len(path) == 1 else _rewrite(b"", path[1:], value)
         out += varint(path[0] << 3 | (0 if len(path) == 1 else 2))
@@ -637,11 +562,11 @@ def with_input_format(data: bytes, input_format: int) -> bytes:
 
 
 def input_format_of(data: bytes) -> int:
-    for field, _, _, fmt in _fields(data):
+    for field, _, _, fmt in walk(data):
         if field == 4:
-            for f2, _, _, nf in _fields(fmt):
+            for f2, _, _, nf in walk(fmt):
                 if f2 == 2:
-                    for f3, _, _, v in _fields(nf):
+                    for f3, _, _, v in walk(nf):
                         if f3 == 1:
                             return v
     return 1

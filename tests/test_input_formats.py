@@ -95,7 +95,8 @@ def lc0_record() -> dict:
 @pytest.fixture(scope="module")
 def session():
     ort = pytest.importorskip("onnxruntime")
-    from engine.lc0 import lc0_to_onnx, read_lc0_file
+    from engine.lc0 import read_lc0_file
+    from engine.lc0_onnx import lc0_to_onnx
 
     return ort.InferenceSession(lc0_to_onnx(read_lc0_file(FIXTURE)), providers=["CPUExecutionProvider"])
 

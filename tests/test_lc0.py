@@ -20,7 +20,8 @@ import pytest
 
 from engine.board import Board
 from engine.encoding import POLICY_INDEX, POLICY_SIZE, encode_board, encode_position, legal_policy
-from engine.lc0 import CONV_POLICY_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
+from engine.lc0 import CONV_POLICY_MAP, Lc0Error, read_lc0, read_lc0_file
+from engine.lc0_onnx import lc0_to_onnx
 from engine.network import Network, NetworkError
 from lc0_files import ATTENTION_POLICY, ATTENTION_POLICY_ENCODERS, BODY_MULTIHEAD, BODY_PE_MAP, CYZERO, EVALUATED_BY_LC0, LC0_TOLERANCE, Lc0Spec, assert_plays_as_lc0, fixture_params, \
     make_lc0, random_planes, reference_forward, truncated, wrap_onnx, write_bytes, write_lc0, wrong_magic

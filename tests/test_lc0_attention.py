@@ -23,7 +23,8 @@ import pytest
 
 from engine.board import Board
 from engine.encoding import encode_board, encode_position
-from engine.lc0 import PE_MAP, Lc0Error, lc0_to_onnx, read_lc0, read_lc0_file
+from engine.lc0 import PE_MAP, Lc0Error, read_lc0, read_lc0_file
+from engine.lc0_onnx import lc0_to_onnx
 from engine.network import POLICY_SIZE, Network, NetworkError
 import lc0_files
 from lc0_files import ATTENTION_BODIES, BODY_MULTIHEAD, BODY_PE_MAP, EVALUATED_BY_LC0, LC0_TOLERANCE, Lc0Spec, \

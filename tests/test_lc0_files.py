@@ -1,7 +1,8 @@
 """tests/lc0_files.py itself: the writer, its policy map and its reference forward pass.
 
-The files are read back with lc0_files' own tiny protobuf walker (not
-``engine.lc0``, not the ``protobuf`` package).  The same walker reads the
+The files are read back with the protobuf walker of the project's codec
+(``engine.lc0_proto.walk``; not ``engine.lc0``'s reading of lc0's format, not the
+``protobuf`` package) and the layer decoding here.  The same walker reads the
 repository's lc0 fixture (``tests/data/lc0/``: a network ``cyzero-train export
 --lc0`` wrote, with lc0 v0.32.1's outputs for it) and, where a user has it, Maia
 1100 (a network lc0's own trainer wrote; an extra, see ``lc0_files.MAIA``), and
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 import lc0_files as L
+from engine.lc0_proto import walk
 from lc0_files import CYZERO, EVALUATED_BY_LC0, Lc0Fixture, Lc0Spec, assert_plays_as_lc0, fixture_params, \
     make_lc0, reference_forward
 
@@ -29,9 +31,9 @@ from lc0_files import CYZERO, EVALUATED_BY_LC0, Lc0Fixture, Lc0Spec, assert_play
 
 def fields(buf):
     """[(field, wire_type, value)]: ints for varint / fixed32 / fixed64, bytes for length-delimited
-    (lc0_files' walker, its fixed payloads read as unsigned ints)."""
+    (the codec's walker, its fixed payloads read as unsigned ints)."""
     return [(field, wire, struct.unpack("<I" if wire == 5 else "<Q", value)[0] if wire in (1, 5) else value)
-            for field, wire, _, value in L._fields(buf)]
+            for field, wire, _, value in walk(buf)]
 
 
 def one(buf, field):

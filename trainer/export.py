@@ -196,7 +196,7 @@ def _check_planes(planes: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- torch -> ONNX
 
 
-def _inference_module(model: Net | InferenceNet) -> InferenceNet:
+def inference_module(model: Net | InferenceNet) -> InferenceNet:
     """A CPU float32 eval-mode copy wrapped with the contract's outputs (the caller's model is untouched)."""
     if isinstance(model, InferenceNet):
         model = model.net
@@ -257,7 +257,7 @@ def torch_to_onnx(model: Net | InferenceNet, exporter: str = "torchscript") -> o
     opset-17 graph) or ``"dynamo"`` (torch.export based, opset 18); ``"auto"`` tries
     the first and falls back to the second if this torch no longer has it.
     """
-    module = _inference_module(model)
+    module = inference_module(model)
     example = torch.zeros(2, PLANES, 8, 8)
     example[:, PLANES - 1] = 1.0
     outputs = module.output_names
@@ -541,7 +541,7 @@ def export_onnx(
         raise ValueError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
     start = time.perf_counter()
     path = os.path.abspath(os.fspath(path))
-    module = _inference_module(model)
+    module = inference_module(model)
     if variant not in variants_for(module.net):
         raise ValueError(f"no {variant} variant of an attention body: int8 quantizes the residual tower's "
                          "convolutions, which it has none of (its CPU file is the fp32 one: OpenVINO runs it in "
@@ -617,7 +617,7 @@ def export_variants(
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}: choose from {', '.join(VARIANTS)}")
-    module = _inference_module(model)
+    module = inference_module(model)
     fp32 = torch_to_onnx(module, exporter=exporter)
     check_planes, check_masks = sample_positions(check_positions, seed=seed + 1)
     reports = []
@@ -636,6 +636,6 @@ def export_variants(
 
 __all__: Sequence[str] = [
     "VARIANTS", "PARITY_BOUNDS", "ParityBounds",
-    "ExportReport", "ExportParityError", "export_onnx", "export_variants", "torch_to_onnx",
+    "ExportReport", "ExportParityError", "export_onnx", "export_variants", "inference_module", "torch_to_onnx",
     "to_fp16", "to_int8", "sample_positions", "variant_path", "parity_numbers", "parity_failures", "variants_for",
 ]

@@ -1,7 +1,8 @@
 """cyzero networks as lc0 weight files: ``cyzero-train export --lc0``.
 
 :func:`lc0_file_bytes` writes a :class:`trainer.model.Net` as lc0's ``pblczero.Net`` message
-(``proto/net.proto`` of lc0's ``lczero-common``), laid out as lc0's own trainer lays out its
+(``proto/net.proto`` of lc0's ``lczero-common``; its field numbers and the encoding are the
+engine's codec's, :mod:`engine.lc0_proto`), laid out as lc0's own trainer lays out its
 classical networks (Maia's files are the model): every convolution followed by batch norm is a
 ``ConvBlock`` with ``weights``, ``bn_means``, ``bn_stddivs`` (lc0 reads variances there),
 ``bn_gammas`` and ``bn_betas``; a convolution with a bias of its own (the conv policy head's
@@ -39,14 +40,15 @@ from __future__ import annotations
 
 import gzip
 import os
-import struct
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.lc0 import BN_EPSILON, CONV_POLICY_PLANES as LC0_POLICY_PLANES, MAGIC, Lc0Net, read_lc0
+from engine import lc0_proto as pb
+from engine.lc0 import BN_EPSILON, CONV_POLICY_PLANES as LC0_POLICY_PLANES, Lc0Net, read_lc0
+from engine.lc0_proto import fixed32, length_delimited, uint
 from trainer.atomic import atomic_write_with_sha256
 from trainer.model import RULE50_PLANE, ConvBN, Net, rule50_scale
 
@@ -54,10 +56,7 @@ __all__: Sequence[str] = [
     "LC0_FILE_PARITY", "Lc0ExportError", "Lc0FileParityError", "lc0_file_bytes", "write_lc0", "check_lc0_file",
 ]
 
-#: net.proto's ``Format.Encoding`` LINEAR16.
-LINEAR16 = 1
-
-#: How close the written file's graph (:func:`engine.lc0.lc0_to_onnx`) must be to the PyTorch
+#: How close the written file's graph (:func:`engine.lc0_onnx.lc0_to_onnx`) must be to the PyTorch
 #: network: policy logits and WDL probabilities, max absolute difference (LINEAR16 rounds each
 #: weight to 1/65535 of its layer's range, and the rounding adds up block by block: the 6x64
 #: bundled until stage 7 stayed within 8e-3 and 2.2e-3, the 10x64 of stage 8 measures 1.1e-2 and
@@ -74,61 +73,21 @@ class Lc0FileParityError(Lc0ExportError):
     """The written file, read back, does not compute what the network computes."""
 
 
-# --------------------------------------------------------------------------- protobuf wire format
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _tag(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
-
-
-def _uint(number: int, value: int) -> bytes:
-    return _tag(number, 0) + _varint(value)
-
-
-def _fixed32(number: int, value: int) -> bytes:
-    return _tag(number, 5) + struct.pack("<I", value)
-
-
-def _float32(number: int, value: float) -> bytes:
-    return _tag(number, 5) + struct.pack("<f", value)
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _tag(number, 2) + _varint(len(payload)) + payload
-
-
 def _layer(values: np.ndarray | torch.Tensor) -> bytes:
-    """A LINEAR16 ``Layer`` message (min_val 1, max_val 2, params 3) of ``values``, row-major:
-    each value as round((v - min) / (max - min) * 65535)."""
+    """A LINEAR16 ``Layer`` message of ``values`` (:func:`engine.lc0_proto.linear16_layer`), in float64."""
     flat = np.asarray(values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values,
                       dtype=np.float64).ravel()
     if not np.isfinite(flat).all():
         raise Lc0ExportError("a layer holds NaN or infinite weights")
-    lo, hi = np.float32(flat.min()), np.float32(flat.max())
-    span = float(hi) - float(lo)
-    q = np.rint((flat - float(lo)) / span * 65535.0) if span > 0 else np.zeros_like(flat)
-    params = np.clip(q, 0, 65535).astype("<u2").tobytes()
-    return _float32(1, float(lo)) + _float32(2, float(hi)) + _length_delimited(3, params)
+    return pb.linear16_layer(flat)
 
 
 # --------------------------------------------------------------------------- the network
 
 
 def _conv_bn_block(module: ConvBN, weight: torch.Tensor | None = None) -> bytes:
-    """A conv + batch norm pair as lc0's ConvBlock: weights 1, bn_means 3, bn_stddivs 4 (lc0 reads
-    variances there), bn_gammas 5, bn_betas 6.
+    """A conv + batch norm pair as lc0's ConvBlock: weights, bn_means, bn_stddivs (lc0 reads
+    variances there), bn_gammas, bn_betas.
 
     Written in the form that keeps the most precision in 16 bits, computing the same in eval
     mode: each output channel's weights scaled to a largest magnitude of 1 (a layer's LINEAR16
@@ -148,17 +107,16 @@ def _conv_bn_block(module: ConvBN, weight: torch.Tensor | None = None) -> bytes:
     magnitude = torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))
     gamma = bn_scale * magnitude
     beta = bn.bias.double() - bn_scale * bn.running_mean.double()
-    return (_length_delimited(1, _layer(w / magnitude[:, None, None, None]))
-            + _length_delimited(3, _layer(np.zeros(len(gamma))))
-            + _length_delimited(4, _layer(np.full(len(gamma), 1.0 - BN_EPSILON)))
-            + _length_delimited(5, _layer(gamma))
-            + _length_delimited(6, _layer(beta)))
-
-
+    C = pb.ConvBlock
+    return (length_delimited(C.WEIGHTS, _layer(w / magnitude[:, None, None, None]))
+            + length_delimited(C.BN_MEANS, _layer(np.zeros(len(gamma))))
+            + length_delimited(C.BN_STDDIVS, _layer(np.full(len(gamma), 1.0 - BN_EPSILON)))
+            + length_delimited(C.BN_GAMMAS, _layer(gamma))
+            + length_delimited(C.BN_BETAS, _layer(beta)))
 
 
 def _conv_policy_block(net: Net) -> bytes:
-    """cyzero's 73-plane policy convolution as lc0's 80-plane one (weights 1, biases 2)."""
+    """cyzero's 73-plane policy convolution as lc0's 80-plane one (weights and biases)."""
     from trainer.lc0_import import conv_policy_planes
 
     conv = net.policy.conv2
@@ -167,101 +125,113 @@ def _conv_policy_block(net: Net) -> bytes:
     b = np.zeros(LC0_POLICY_PLANES, np.float64)
     w[planes] = conv.weight.detach().double().numpy()
     b[planes] = conv.bias.detach().double().numpy()
-    return _length_delimited(1, _layer(w)) + _length_delimited(2, _layer(b))
+    return length_delimited(pb.ConvBlock.WEIGHTS, _layer(w)) + length_delimited(pb.ConvBlock.BIASES, _layer(b))
 
 
 def _weights(net: Net, moves_left: bool) -> bytes:
-    """The ``Weights`` message (net.proto's field numbers)."""
-    c = net.config
+    """The ``Weights`` message of a residual tower."""
+    c, W, R, SE = net.config, pb.Weights, pb.Residual, pb.SEunit
     stem = net.stem[0].weight.detach().double().clone()
     stem[:, RULE50_PLANE] *= rule50_scale(c)  # lc0 feeds the rule50 plane as the input format says
-    out = _length_delimited(1, _conv_bn_block(net.stem, stem))
+    out = length_delimited(W.INPUT, _conv_bn_block(net.stem, stem))
     for block in net.blocks:
-        residual = _length_delimited(1, _conv_bn_block(block.conv1)) + _length_delimited(2, _conv_bn_block(block.conv2))
+        residual = (length_delimited(R.CONV1, _conv_bn_block(block.conv1))
+                    + length_delimited(R.CONV2, _conv_bn_block(block.conv2)))
         if block.se is not None:
-            residual += _length_delimited(3, _linear(block.se.fc1, 1, 2) + _linear(block.se.fc2, 3, 4))
-        out += _length_delimited(2, residual)
+            residual += length_delimited(R.SE, _linear(block.se.fc1, SE.W1, SE.B1)
+                                         + _linear(block.se.fc2, SE.W2, SE.B2))
+        out += length_delimited(W.RESIDUAL, residual)
     if c.policy_head == "conv":
-        out += _length_delimited(11, _conv_bn_block(net.policy.conv1))
-        out += _length_delimited(3, _conv_policy_block(net))
+        out += length_delimited(W.POLICY1, _conv_bn_block(net.policy.conv1))
+        out += length_delimited(W.POLICY, _conv_policy_block(net))
     else:
-        out += _length_delimited(3, _conv_bn_block(net.policy.conv)) + _linear(net.policy.fc, 4, 5)
-    out += _length_delimited(6, _conv_bn_block(net.value_conv))
-    out += _linear(net.value_fc1, 7, 8) + _linear(net.value_fc2, 9, 10)
+        out += (length_delimited(W.POLICY, _conv_bn_block(net.policy.conv))
+                + _linear(net.policy.fc, W.IP_POL_W, W.IP_POL_B))
+    out += length_delimited(W.VALUE, _conv_bn_block(net.value_conv))
+    out += _linear(net.value_fc1, W.IP1_VAL_W, W.IP1_VAL_B) + _linear(net.value_fc2, W.IP2_VAL_W, W.IP2_VAL_B)
     if moves_left:
-        out += _length_delimited(12, _conv_bn_block(net.mlh_conv))
-        out += _linear(net.mlh_fc1, 13, 14) + _linear(net.mlh_fc2, 15, 16)
+        out += length_delimited(W.MOVES_LEFT, _conv_bn_block(net.mlh_conv))
+        out += _linear(net.mlh_fc1, W.IP1_MOV_W, W.IP1_MOV_B) + _linear(net.mlh_fc2, W.IP2_MOV_W, W.IP2_MOV_B)
     return out
-
-
-#: net.proto's ActivationFunction numbers of the attention body's activations.
-_FUNCTION_NUMBERS = {"mish": 1, "relu": 2, "selu": 6, "swish": 7, "relu2": 8}
 
 
 def _linear(module: nn.Linear, w_field: int, b_field: int | None = None, weight: torch.Tensor | None = None) -> bytes:
     """A dense layer's weights [out, in] (and biases) at its two fields."""
-    out = _length_delimited(w_field, _layer(module.weight if weight is None else weight))
-    return out + (_length_delimited(b_field, _layer(module.bias)) if b_field is not None else b"")
+    out = length_delimited(w_field, _layer(module.weight if weight is None else weight))
+    return out + (length_delimited(b_field, _layer(module.bias)) if b_field is not None else b"")
 
 
 def _norm_fields(ln: nn.LayerNorm, g_field: int, b_field: int) -> bytes:
-    return _length_delimited(g_field, _layer(ln.weight)) + _length_delimited(b_field, _layer(ln.bias))
+    return length_delimited(g_field, _layer(ln.weight)) + length_delimited(b_field, _layer(ln.bias))
 
 
 def _ffn(dense1: nn.Linear, dense2: nn.Linear) -> bytes:
-    """An FFN message: dense1_w 1, dense1_b 2, dense2_w 3, dense2_b 4."""
-    return _linear(dense1, 1, 2) + _linear(dense2, 3, 4)
+    """An FFN message."""
+    F = pb.FFN
+    return _linear(dense1, F.DENSE1_W, F.DENSE1_B) + _linear(dense2, F.DENSE2_W, F.DENSE2_B)
 
 
 def _encoder_layer(layer) -> bytes:
-    """An EncoderLayer: mha 1 (q, k, v, dense at 1-8, smolgen 9), ln1 2-3, ffn 4, ln2 5-6."""
-    mha = _linear(layer.q, 1, 2) + _linear(layer.k, 3, 4) + _linear(layer.v, 5, 6) + _linear(layer.out, 7, 8)
+    """An EncoderLayer: its MHA (q, k, v, dense, smolgen), ln1, FFN, ln2."""
+    M, S, E = pb.MHA, pb.Smolgen, pb.EncoderLayer
+    mha = (_linear(layer.q, M.Q_W, M.Q_B) + _linear(layer.k, M.K_W, M.K_B) + _linear(layer.v, M.V_W, M.V_B)
+           + _linear(layer.out, M.DENSE_W, M.DENSE_B))
     sg = layer.smolgen
     if sg is not None:
-        mha += _length_delimited(9, _linear(sg.compress, 1) + _linear(sg.dense1, 2, 3) + _norm_fields(sg.ln1, 4, 5)
-                                 + _linear(sg.dense2, 6, 7) + _norm_fields(sg.ln2, 8, 9))
-    return (_length_delimited(1, mha) + _norm_fields(layer.ln1, 2, 3) + _length_delimited(4, _ffn(layer.ffn1, layer.ffn2))
-            + _norm_fields(layer.ln2, 5, 6))
+        mha += length_delimited(M.SMOLGEN, _linear(sg.compress, S.COMPRESS) + _linear(sg.dense1, S.DENSE1_W, S.DENSE1_B)
+                                + _norm_fields(sg.ln1, S.LN1_GAMMAS, S.LN1_BETAS)
+                                + _linear(sg.dense2, S.DENSE2_W, S.DENSE2_B)
+                                + _norm_fields(sg.ln2, S.LN2_GAMMAS, S.LN2_BETAS))
+    return (length_delimited(E.MHA, mha) + _norm_fields(layer.ln1, E.LN1_GAMMAS, E.LN1_BETAS)
+            + length_delimited(E.FFN, _ffn(layer.ffn1, layer.ffn2))
+            + _norm_fields(layer.ln2, E.LN2_GAMMAS, E.LN2_BETAS))
 
 
 def _body_weights(net: Net, moves_left: bool) -> bytes:
     """An attention body's ``Weights`` as BT3/BT4 files hold them (network format 7: the PE-dense
     embedding, ``ValueHeads`` with ``winner``, ``PolicyHeads`` with ``vanilla`` and the shared
     policy embedding). The rule50 input's embedding weights are divided by 100, as the stem's are."""
-    b = net.body
+    b, W, P, V = net.body, pb.Weights, pb.PolicyHead, pb.ValueHead
     emb = b.embedding.weight.detach().double().clone()
     emb[:, RULE50_PLANE] *= rule50_scale(net.config)
-    out = (_linear(b.preproc, 37, 38) + _linear(b.embedding, 25, weight=emb)
-           + _length_delimited(26, _layer(b.embedding.bias)) + _norm_fields(b.embedding_ln, 39, 40)
-           + _length_delimited(33, _layer(b.mult_gate.T)) + _length_delimited(34, _layer(b.add_gate.T))
-           + _length_delimited(41, _ffn(b.ffn1, b.ffn2)) + _norm_fields(b.ffn_ln, 42, 43))
+    out = (_linear(b.preproc, W.IP_EMB_PREPROC_W, W.IP_EMB_PREPROC_B) + _linear(b.embedding, W.IP_EMB_W, weight=emb)
+           + length_delimited(W.IP_EMB_B, _layer(b.embedding.bias))
+           + _norm_fields(b.embedding_ln, W.IP_EMB_LN_GAMMAS, W.IP_EMB_LN_BETAS)
+           + length_delimited(W.IP_MULT_GATE, _layer(b.mult_gate.T))
+           + length_delimited(W.IP_ADD_GATE, _layer(b.add_gate.T))
+           + length_delimited(W.IP_EMB_FFN, _ffn(b.ffn1, b.ffn2))
+           + _norm_fields(b.ffn_ln, W.IP_EMB_FFN_LN_GAMMAS, W.IP_EMB_FFN_LN_BETAS))
     for layer in b.encoders:
-        out += _length_delimited(27, _encoder_layer(layer))
-    out += _uint(28, net.config.heads)
+        out += length_delimited(W.ENCODER, _encoder_layer(layer))
+    out += uint(W.HEADCOUNT, net.config.heads)
     if b.generator is not None:
-        out += _length_delimited(35, _layer(b.generator.weight))
+        out += length_delimited(W.SMOLGEN_W, _layer(b.generator.weight))
     p = net.policy
-    vanilla = _linear(p.wq, 3, 4) + _linear(p.wk, 5, 6) + _length_delimited(7, _layer(p.promotion.weight))
-    out += _length_delimited(45, _linear(p.embedding, 1, 2) + _length_delimited(3, vanilla))
-    winner = _linear(net.value_embedding, 1, 2) + _linear(net.value_fc1, 3, 4) + _linear(net.value_fc2, 5, 6)
-    out += _length_delimited(44, _length_delimited(1, winner))
+    vanilla = (_linear(p.wq, P.IP2_POL_W, P.IP2_POL_B) + _linear(p.wk, P.IP3_POL_W, P.IP3_POL_B)
+               + length_delimited(P.IP4_POL_W, _layer(p.promotion.weight)))
+    out += length_delimited(W.POLICY_HEADS, _linear(p.embedding, pb.PolicyHeads.IP_POL_W, pb.PolicyHeads.IP_POL_B)
+                            + length_delimited(pb.PolicyHeads.VANILLA, vanilla))
+    winner = (_linear(net.value_embedding, V.IP_VAL_W, V.IP_VAL_B) + _linear(net.value_fc1, V.IP1_VAL_W, V.IP1_VAL_B)
+              + _linear(net.value_fc2, V.IP2_VAL_W, V.IP2_VAL_B))
+    out += length_delimited(W.VALUE_HEADS, length_delimited(pb.ValueHeads.WINNER, winner))
     if moves_left:
-        out += _linear(net.mlh_embedding, 31, 32) + _linear(net.mlh_fc1, 13, 14) + _linear(net.mlh_fc2, 15, 16)
+        out += (_linear(net.mlh_embedding, W.IP_MOV_W, W.IP_MOV_B) + _linear(net.mlh_fc1, W.IP1_MOV_W, W.IP1_MOV_B)
+                + _linear(net.mlh_fc2, W.IP2_MOV_W, W.IP2_MOV_B))
     return out
 
 
 def _body_network_format(net: Net, moves_left: bool) -> bytes:
-    c = net.config
-    return (_uint(1, c.input_format)         # the planes' InputFormat
-            + _uint(2, 2)                    # OUTPUT_WDL
-            + _uint(3, 7)                    # NETWORK_ATTENTIONBODY_WITH_MULTIHEADFORMAT
-            + _uint(4, 3)                    # POLICY_ATTENTION
-            + _uint(5, 2)                    # VALUE_WDL
-            + _uint(6, 1 if moves_left else 0)
-            + (_uint(7, 1) if c.activation == "mish" else b"")   # DEFAULT_ACTIVATION_MISH
-            + _uint(8, _FUNCTION_NUMBERS["swish"])               # smolgen
-            + _uint(9, _FUNCTION_NUMBERS[c.ffn_activation])
-            + _uint(10, 2))                  # INPUT_EMBEDDING_PE_DENSE
+    c, NF = net.config, pb.NetworkFormat
+    return (uint(NF.INPUT, c.input_format)
+            + uint(NF.OUTPUT, 2)                  # OUTPUT_WDL
+            + uint(NF.NETWORK, 7)                 # NETWORK_ATTENTIONBODY_WITH_MULTIHEADFORMAT
+            + uint(NF.POLICY, 3)                  # POLICY_ATTENTION
+            + uint(NF.VALUE, 2)                   # VALUE_WDL
+            + uint(NF.MOVES_LEFT, 1 if moves_left else 0)
+            + (uint(NF.DEFAULT_ACTIVATION, 1) if c.activation == "mish" else b"")   # DEFAULT_ACTIVATION_MISH
+            + uint(NF.SMOLGEN_ACTIVATION, pb.FUNCTION_NUMBERS["swish"])
+            + uint(NF.FFN_ACTIVATION, pb.FUNCTION_NUMBERS[c.ffn_activation])
+            + uint(NF.INPUT_EMBEDDING, 2))        # INPUT_EMBEDDING_PE_DENSE
 
 
 def _min_version(net: Net, moves_left: bool) -> tuple[int, int, int]:
@@ -292,25 +262,27 @@ def lc0_file_bytes(net: Net, include_moves_left: bool | None = None, license: st
     if moves_left and c.mlh_activation != "relu":
         raise Lc0ExportError(f"its moves-left head ends in {c.mlh_activation}, lc0's in ReLU, so lc0 would read "
                              "other moves-left values: leave the head out (--no-mlh)")
+    NF, N, V = pb.NetworkFormat, pb.Net, pb.EngineVersion
     if c.body == "attention":
         network_format = _body_network_format(net, moves_left)
     else:
-        network_format = (_uint(1, c.input_format)         # the planes' InputFormat
-                          + _uint(2, 2)                    # OUTPUT_WDL
-                          + _uint(3, 4 if c.se else 3)     # NETWORK_SE_WITH_HEADFORMAT / CLASSICAL_WITH_HEADFORMAT
-                          + _uint(4, 2 if c.policy_head == "conv" else 1)  # POLICY_CONVOLUTION / CLASSICAL
-                          + _uint(5, 2)                    # VALUE_WDL
-                          + _uint(6, 1 if moves_left else 0)
-                          + (_uint(7, 1) if c.activation == "mish" else b""))  # DEFAULT_ACTIVATION_MISH
-    fmt = _uint(1, LINEAR16) + _length_delimited(2, network_format)
+        network_format = (
+            uint(NF.INPUT, c.input_format)
+            + uint(NF.OUTPUT, 2)                                    # OUTPUT_WDL
+            + uint(NF.NETWORK, 4 if c.se else 3)                    # NETWORK_SE / CLASSICAL_WITH_HEADFORMAT
+            + uint(NF.POLICY, 2 if c.policy_head == "conv" else 1)  # POLICY_CONVOLUTION / CLASSICAL
+            + uint(NF.VALUE, 2)                                     # VALUE_WDL
+            + uint(NF.MOVES_LEFT, 1 if moves_left else 0)
+            + (uint(NF.DEFAULT_ACTIVATION, 1) if c.activation == "mish" else b""))  # DEFAULT_ACTIVATION_MISH
+    fmt = uint(pb.Format.WEIGHTS_ENCODING, pb.LINEAR16) + length_delimited(pb.Format.NETWORK_FORMAT, network_format)
     major, minor, patch = _min_version(net, moves_left)
-    message = (_fixed32(1, MAGIC)
-               + (_length_delimited(2, license.encode("utf-8")) if license else b"")
-               + _length_delimited(3, _uint(1, major) + _uint(2, minor) + _uint(3, patch))
-               + _length_delimited(4, fmt))
+    message = (fixed32(N.MAGIC, pb.MAGIC)
+               + (length_delimited(N.LICENSE, license.encode("utf-8")) if license else b"")
+               + length_delimited(N.MIN_VERSION, uint(V.MAJOR, major) + uint(V.MINOR, minor) + uint(V.PATCH, patch))
+               + length_delimited(N.FORMAT, fmt))
     with torch.no_grad():
         weights = _body_weights(net, moves_left) if c.body == "attention" else _weights(net, moves_left)
-        return message + _length_delimited(10, weights)
+        return message + length_delimited(N.WEIGHTS, weights)
 
 
 def write_lc0(net: Net, path: str | os.PathLike, message: bytes | None = None, **options) -> str:

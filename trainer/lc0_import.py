@@ -3,7 +3,7 @@
 :func:`net_from_lc0` rebuilds a :class:`trainer.model.Net` from an lc0 weights file read by
 :func:`engine.lc0.read_lc0_file` (lc0's classical residual family: SE or plain blocks, ReLU or
 Mish, convolutional or classical policy, WDL or single value, with or without moves-left),
-computing what :func:`engine.lc0.lc0_to_onnx`'s graph computes (:func:`compare_with_lc0`
+computing what :func:`engine.lc0_onnx.lc0_to_onnx`'s graph computes (:func:`compare_with_lc0`
 measures it). How each part maps:
 
 * Batch norm. lc0's file has it folded into the convolutions (``engine.lc0`` folds it); each
@@ -52,7 +52,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, lc0_to_onnx, read_lc0_file
+from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, read_lc0_file
+from engine.lc0_onnx import lc0_to_onnx
 from trainer.model import (
     CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map, rule50_scale,
 )
@@ -364,14 +365,14 @@ def compare_with_onnx(net: Net, model: bytes, planes: np.ndarray, masks: np.ndar
     import onnxruntime as ort
 
     from engine.network import INPUT_NAME
-    from trainer.export import _inference_module, parity_numbers
+    from trainer.export import inference_module, parity_numbers
 
     planes = np.ascontiguousarray(planes, dtype=np.float32)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     theirs = session.run(None, {INPUT_NAME: planes})
-    module = _inference_module(net)
+    module = inference_module(net)
     with torch.no_grad():
         ours = [t.numpy() for t in module(torch.from_numpy(planes))]
     if len(ours) != len(theirs):
@@ -381,7 +382,7 @@ def compare_with_onnx(net: Net, model: bytes, planes: np.ndarray, masks: np.ndar
 
 
 def compare_with_lc0(net: Net, lc0net: Lc0Net, planes: np.ndarray, masks: np.ndarray | None = None) -> dict:
-    """The PyTorch network's outputs against :func:`engine.lc0.lc0_to_onnx`'s graph
+    """The PyTorch network's outputs against :func:`engine.lc0_onnx.lc0_to_onnx`'s graph
     (:func:`compare_with_onnx`)."""
     return compare_with_onnx(net, lc0_to_onnx(lc0net), planes, masks, graph="lc0's graph")
 
