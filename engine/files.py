@@ -131,13 +131,16 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, *,
+                permissions: int | None = None) -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing; on a clean exit make it ``path``.
 
     Written to a temp name in the same directory, flushed and fsynced, renamed
     over ``path``, and the directory fsynced: a reader sees the old complete
     file or the new complete file, never half of one.  ``mode`` is ``"wb"`` or
-    ``"w"`` (text, ``encoding`` defaults to UTF-8).  If the ``with`` body
+    ``"w"`` (text, ``encoding`` defaults to UTF-8).  ``permissions`` (e.g. 0o600
+    for a secret key) are the file's from its creation, whatever the umask;
+    without them the umask decides, as for ``open``.  If the ``with`` body
     raises, the temporary file is removed and ``path`` is untouched.
     """
     if mode not in ("wb", "w"):
@@ -147,7 +150,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", encoding: str | None 
     tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     if mode == "w" and encoding is None:
         encoding = "utf-8"
-    f = open(tmp, "xb" if mode == "wb" else "x", encoding=encoding)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if permissions is None else permissions)
+    try:
+        if permissions is not None:
+            os.fchmod(fd, permissions)  # exactly these: the umask may have taken bits away
+        f = open(fd, mode, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        os.remove(tmp)
+        raise
     try:
         try:
             yield f

@@ -14,7 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine.tools import bench
+from engine.tools import bench_null
+from engine.tools.bench_common import BenchError
+from engine.tools.bench_tree import TREE_POSITIONS
 from uci import cli
 
 pytestmark = pytest.mark.timeout(300)
@@ -58,12 +60,12 @@ def standin_lc0(tmp_path):
 
 
 def test_null_network_is_fixed_and_shaped_as_lc0s_random_backend():
-    net = bench.NullNetwork(16, seed=3)
+    net = bench_null.NullNetwork(16, seed=3)
     policy, wdl, mlh = net.evaluate(np.zeros((5, 112, 8, 8), np.float32))
     assert policy.shape == (5, 1858) and wdl.shape == (5, 3) and mlh is None
     assert policy.dtype == np.float32 and policy.min() >= 0.0 and policy.max() < 3.0
     assert np.allclose(wdl.sum(axis=1), 1.0, atol=1e-6) and wdl.min() >= 0.0
-    again, _, _ = bench.NullNetwork(16, seed=3).evaluate(np.zeros((5, 112, 8, 8), np.float32))
+    again, _, _ = bench_null.NullNetwork(16, seed=3).evaluate(np.zeros((5, 112, 8, 8), np.float32))
     assert np.array_equal(policy, again)          # seeded
     assert np.shares_memory(policy, net.policy)   # sliced, not copied
     assert (net.calls, net.positions) == (1, 5)
@@ -76,15 +78,15 @@ def test_parse_lc0_info_takes_the_last_line_with_nodes():
              "info depth 2 seldepth 4 time 100 nodes 777 score cp 10 nps 7770 tbhits 0 pv d2d4",
              "info string d2d4 (293) N: 700",
              "bestmove d2d4"]
-    assert bench.parse_lc0_info(lines) == {"nodes": 777, "nps": 7770, "time": 100}
-    with pytest.raises(bench.BenchError, match="no nodes"):
-        bench.parse_lc0_info(["info string hello", "bestmove e2e4"])
-    with pytest.raises(bench.BenchError, match="not a number"):
-        bench.parse_lc0_info(["info nodes many", "bestmove e2e4"])
+    assert bench_null.parse_lc0_info(lines) == {"nodes": 777, "nps": 7770, "time": 100}
+    with pytest.raises(BenchError, match="no nodes"):
+        bench_null.parse_lc0_info(["info string hello", "bestmove e2e4"])
+    with pytest.raises(BenchError, match="not a number"):
+        bench_null.parse_lc0_info(["info nodes many", "bestmove e2e4"])
 
 
 def test_cyzero_alone_prints_a_row_per_batch_and_position(capsys, monkeypatch):
-    monkeypatch.delenv(bench.LC0_ENV, raising=False)
+    monkeypatch.delenv(bench_null.LC0_ENV, raising=False)
     assert cli.main(["bench", "null", "--seconds", "0.05", "--batches", "8,32", "--positions", "2"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["32"])]
@@ -92,12 +94,12 @@ def test_cyzero_alone_prints_a_row_per_batch_and_position(capsys, monkeypatch):
                                             ("32", "startpos"), ("32", "middlegame")]
     assert all(len(r) == 6 for r in rows)    # no lc0 columns
     assert "total, MinibatchSize 8: cyzero" in out and "total, MinibatchSize 32: cyzero" in out
-    assert "load average" in out and f"set {bench.LC0_ENV}" in out
+    assert "load average" in out and f"set {bench_null.LC0_ENV}" in out
 
 
 def test_lc0_figures_come_from_its_info_lines(standin_lc0, capsys, monkeypatch):
     script, log = standin_lc0
-    monkeypatch.setenv(bench.LC0_ENV, str(script))
+    monkeypatch.setenv(bench_null.LC0_ENV, str(script))
     assert cli.main(["bench", "null", "--seconds", "0.05", "--batches", "8,16", "--positions", "1",
                      "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)   # --json: one object and nothing else
@@ -124,7 +126,7 @@ def test_lc0_figures_come_from_its_info_lines(standin_lc0, capsys, monkeypatch):
         assert {"--backend=random", "--threads=1", "--task-workers=0",
                 f"--minibatch-size={batch}"} <= set(call["argv"])
         assert call["got"][0] == "uci" and "go movetime 50" in call["got"]
-        assert f"position fen {bench.TREE_POSITIONS[0][1]}" in call["got"]
+        assert f"position fen {TREE_POSITIONS[0][1]}" in call["got"]
 
 
 def test_lc0_rows_are_printed_with_the_ratio(standin_lc0, capsys):

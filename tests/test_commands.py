@@ -387,7 +387,7 @@ def test_typed_at_a_terminal_the_engine_says_on_stderr_that_it_is_ready(terminal
 
 def test_bench_uci_reports_no_p99_from_fewer_than_a_hundred_samples():
     """A p99 of ten samples is their largest: it is not reported, and no target is judged on it."""
-    from engine.tools.bench import P99_SAMPLES, _summary_ms
+    from engine.tools.bench_uci import P99_SAMPLES, _summary_ms
 
     few = _summary_ms([i / 1000 for i in range(1, 11)])
     assert few["n"] == 10 and few["p99_ms"] is None and few["max_ms"] == 10.0 and few["p50_ms"] == 5.5

@@ -1,6 +1,6 @@
 """The CPU runtimes and precisions the engine can pick, checked against PyTorch on real positions.
 
-Every runtime and precision this machine can run (``engine.tools.bench.NN_CPU_RUNTIMES``:
+Every runtime and precision this machine can run (``engine.tools.bench_nn.NN_CPU_RUNTIMES``:
 ONNX Runtime's CPU path in fp32 and int8; OpenVINO in fp32, bf16 where the processor has it
 in hardware, and int8) evaluates 700-odd positions from real games (``tests/real_positions.py``)
 and is compared with the bundled network rebuilt in PyTorch. The bounds keep a GUI's
@@ -19,7 +19,7 @@ import pytest
 from engine import processor
 from engine.network import OPENVINO, Network
 from engine.sessions import openvino_missing, openvino_precision
-from engine.tools.bench import NN_CPU_RUNTIMES, macs_per_position
+from engine.tools.bench_nn import NN_CPU_RUNTIMES, macs_per_position
 from engine.weights import bundled_variant_path, default_weights_path
 from real_positions import real_positions
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import textwrap
@@ -377,7 +378,7 @@ def fake(tmp_path_factory):
 
     def command(mode, score=None):
         argv = [sys.executable, str(path), mode] + ([str(score)] if score is not None else [])
-        return " ".join(m.shlex.quote(a) for a in argv)
+        return " ".join(shlex.quote(a) for a in argv)
 
     return command
 
@@ -795,7 +796,7 @@ def go_logger(tmp_path):
 
     def command(name):
         log = tmp_path / f"{name}.log"
-        return " ".join(m.shlex.quote(a) for a in (sys.executable, str(script), str(log))), log
+        return " ".join(shlex.quote(a) for a in (sys.executable, str(script), str(log))), log
 
     return command
 
@@ -864,7 +865,7 @@ def test_bad_engine_nodes_are_argparse_errors(fake, capsys, n, value):
 
 def test_cyzero_at_one_node_plays_a_real_game_on_a_clock(capsys):
     """As a Maia would play on lichess: cyzero at one node per move against another engine's clock."""
-    random_mover = f"{m.shlex.quote(sys.executable)} -m engine.tools.random_mover --seed 3"
+    random_mover = f"{shlex.quote(sys.executable)} -m engine.tools.random_mover --seed 3"
     argv = ["match", "--engine1-option", "Backend=cpu", "--engine1-nodes", "1", "--engine2", random_mover,
             "--games", "1", "--tc", "60+1", "--adjudicate-moves", "40", "--seed", "2", "--json"]
     assert cli.main(argv) == 0

@@ -12,7 +12,8 @@ Layout (what :mod:`engine.announce`'s loaders read; see "Following a trainer" in
 
 Running it again keeps the existing keys and only adds clients that are missing,
 so ``cyzero-train keys DIR --client laptop`` admits one more machine. Each file is
-written to a temporary name and renamed; secret files are readable by the owner only.
+written atomically (:func:`engine.files.atomic_open`); all but a pair's public key
+are readable by the owner only.
 """
 
 from __future__ import annotations
@@ -26,44 +27,31 @@ import zmq
 import zmq.auth
 
 from engine.announce import CLIENT_SECRET_FILE, SERVER_PUBLIC_FILE
-from engine.files import fsync_dir
+from engine.files import atomic_open
 
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _certificate_pair(folder: str, name: str) -> tuple[str, str]:
-    """A new key pair as ``name.key`` and ``name.key_secret`` in ``folder``, each written atomically."""
+    """A new key pair as ``name.key`` and ``name.key_secret`` in ``folder``, each written atomically
+    (the secret readable by the owner only)."""
     os.makedirs(folder, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=".keys-", dir=folder)
+    scratch = tempfile.mkdtemp(prefix=".keys-", dir=folder)  # 0o700: the library writes the secret here
     try:
         public, secret = zmq.auth.create_certificates(scratch, name)
-        os.chmod(secret, 0o600)
-        targets = []
-        for path in (public, secret):
-            with open(path, "rb") as f:  # the certificate library does not fsync
-                os.fsync(f.fileno())
-            target = os.path.join(folder, os.path.basename(path))
-            os.replace(path, target)
-            targets.append(target)
-        fsync_dir(folder)
-        return targets[0], targets[1]
+        targets = os.path.join(folder, os.path.basename(public)), os.path.join(folder, os.path.basename(secret))
+        _copy_atomic(public, targets[0], permissions=None)
+        _copy_atomic(secret, targets[1])
+        return targets
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _copy_atomic(source: str, target: str) -> None:
-    folder = os.path.dirname(target)
-    fd, scratch = tempfile.mkstemp(prefix=".key-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as f:
-            out.write(f.read())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(scratch, target)
-    except BaseException:
-        os.unlink(scratch)
-        raise
-    fsync_dir(folder)
+def _copy_atomic(source: str, target: str, permissions: int | None = 0o600) -> None:
+    """Copy ``source`` to ``target`` with :func:`engine.files.atomic_open`; owner-only unless
+    ``permissions`` is None (then the umask decides)."""
+    with open(source, "rb") as f, atomic_open(target, "wb", permissions=permissions) as out:
+        out.write(f.read())
 
 
 def create_keys(directory: str | os.PathLike, clients: list[str] | tuple[str, ...] = ("worker",)) -> list[str]:

@@ -1,8 +1,8 @@
 """The sequential probability ratio test that ``cyzero match --sprt`` and the trainer's gating stop on.
 
 The test is the generalised SPRT (GSPRT) of fishtest's classic ``sprt`` with **logistic Elo**
-(the Elo that ``cyzero match`` reports: expected score ``s = 1 / (1 + 10^(-elo/400))``), not
-BayesElo. Results are counted in cells with scores ``a_i``:
+(the Elo that ``cyzero match`` reports: expected score ``s = 1 / (1 + 10^(-elo/400))``,
+:func:`engine.tools.elo.expected_score`), not BayesElo. Results are counted in cells with scores ``a_i``:
 
 - trinomial: each game is a win, draw or loss, ``a = (1, 1/2, 0)``;
 - pentanomial: each pair of games (one opening, colours reversed) scores 0, 1/2, 1, 3/2 or 2,
@@ -21,7 +21,7 @@ clean sweep still has a finite LLR. Wald's bounds: ``lower = log(beta / (1 - alp
 ``upper = log((1 - beta) / alpha)``; H1 (engine 1 is ``elo1`` stronger) is accepted at or above
 the upper bound, H0 (``elo0``) at or below the lower one.
 
-This module is pure Python (no numpy, no torch), so the engine's tools and the trainer share it.
+No torch: the engine's tools and the trainer share it.
 """
 
 from __future__ import annotations
@@ -30,17 +30,13 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["Sprt", "expected_score", "llr", "llr_pentanomial", "parse_elo_bounds", "sprt_bounds", "verdict"]
+from engine.tools.elo import PENTANOMIAL_SCORES, expected_score
+
+__all__ = ["Sprt", "llr", "llr_pentanomial", "parse_elo_bounds", "sprt_bounds", "verdict"]
 
 PSEUDO_COUNT = 1e-3  # added to an empty cell (fishtest's regularisation)
 MAX_ELO = 2000.0  # |elo0|, |elo1| at most this: the expected score stays strictly inside (0, 1)
 _TRINOMIAL = (1.0, 0.5, 0.0)  # win, draw, loss
-_PENTANOMIAL = (0.0, 0.25, 0.5, 0.75, 1.0)  # a pair scoring 0, 1/2, 1, 3/2, 2 (per game)
-
-
-def expected_score(elo: float) -> float:
-    """The expected score per game of a side ``elo`` logistic Elo stronger."""
-    return 1.0 / (1.0 + 10.0 ** (-elo / 400.0))
 
 
 def _mle(p: Sequence[float], scores: Sequence[float], s: float) -> list[float]:
@@ -93,10 +89,10 @@ def llr(wins: int, draws: int, losses: int, elo0: float, elo1: float) -> float:
 
 def llr_pentanomial(counts: Sequence[int], elo0: float, elo1: float) -> float:
     """The pentanomial GSPRT log-likelihood ratio: ``counts`` are the pairs in which engine 1
-    scored 0, 1/2, 1, 3/2 and 2 points (``engine.tools.match.PairStats.counts``); 0 with none."""
+    scored 0, 1/2, 1, 3/2 and 2 points (``engine.tools.elo.PairStats.counts``); 0 with none."""
     if len(counts) != 5:
         raise ValueError(f"pentanomial counts are 5 numbers (pairs scoring 0, 1/2, 1, 3/2, 2), got {tuple(counts)}")
-    return _llr(counts, _PENTANOMIAL, elo0, elo1)
+    return _llr(counts, PENTANOMIAL_SCORES, elo0, elo1)
 
 
 def sprt_bounds(alpha: float, beta: float) -> tuple[float, float]:
