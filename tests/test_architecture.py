@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
 
 import pytest
@@ -38,6 +40,19 @@ def _modules() -> dict[str, str]:
     return found
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` line imports from (``package``: the importer's)."""
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+    return base
+
+
+def _package(path: str, module: str) -> str:
+    return module if path.endswith("__init__.py") else module.rpartition(".")[0]
+
+
 def _imports(path: str, module: str) -> set[str]:
     """Every absolute module name that ``path`` imports (relative imports resolved)."""
     with open(path, encoding="utf-8") as f:
@@ -47,15 +62,12 @@ def _imports(path: str, module: str) -> set[str]:
         return {m.group(1) or m.group(2) for m in _CYTHON_IMPORT.finditer(text)}
     tree = ast.parse(text)
     names = set()
-    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    package = _package(path, module)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            base = _from_base(node, package)
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
@@ -125,3 +137,89 @@ def test_the_graph_sees_known_arrows():
     assert "engine.limits" in GRAPH["engine.timeman"]
     assert any(n.startswith("engine.board") for n in GRAPH["engine.tree"])
     assert any(n.startswith("engine.tools") for n in GRAPH["uci.cli"])
+
+
+# -- the torch boundary -----------------------------------------------------------------------
+# The trainer's half without torch (docs/architecture.md): the daemon's side, self-play and status
+# must run where torch is not installed. Each is imported in a fresh interpreter in which
+# `import torch` fails; one that needs torch to import fails here with the import chain.
+TORCH_FREE = (
+    "trainer.store",
+    "trainer.report",
+    "trainer.rundir",
+    "trainer.devices",
+    "trainer.daemon",
+    "trainer.worker",
+    "trainer.selfplay",
+    "trainer.wire",
+    "trainer.config",
+    "trainer.records",
+)
+
+_WITHOUT_TORCH = """
+import importlib, sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (made unimportable)", name=name)
+
+sys.meta_path.insert(0, NoTorch())
+importlib.import_module(sys.argv[1])
+"""
+
+
+def _import_without_torch(module: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, module], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_the_trainers_torch_free_half_imports_without_torch(module):
+    proc = _import_without_torch(module)
+    assert proc.returncode == 0, f"{module} does not import without torch:\n{proc.stderr[-3000:]}"
+
+
+def test_the_torch_block_is_real():
+    """The check above is only as good as its block: a module that needs torch must fail under it."""
+    proc = _import_without_torch("trainer.loader")
+    assert proc.returncode != 0 and "No module named 'torch' (made unimportable)" in proc.stderr, proc.stderr
+
+
+# -- private names --------------------------------------------------------------------------------
+# A leading underscore says "this module's own": another module that imports it couples itself to
+# what the owner may change at will. Offenders today, being removed: this set must only shrink.
+KNOWN_PRIVATE_IMPORTS: set[str] = set()
+
+
+def _private_imports(text: str, module: str, package: str) -> set[str]:
+    """``"A imports B._x"`` for each ``from B import _x`` in ``text`` (module A) where B is another
+    project module (dunders such as ``__version__`` are public)."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = _from_base(node, package)
+        if _room(base) not in ROOMS or base == module:
+            continue
+        found.update(f"{module} imports {base}.{alias.name}" for alias in node.names
+                     if alias.name.startswith("_") and not alias.name.endswith("__"))
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = set()
+    for module, path in MODULES.items():
+        if path.endswith(".py"):
+            with open(path, encoding="utf-8") as f:
+                found |= _private_imports(f.read(), module, _package(path, module))
+    new = sorted(found - KNOWN_PRIVATE_IMPORTS)
+    assert not new, "private names imported from another module (make them public, or move the code): " + \
+        "; ".join(new)
+
+
+def test_the_private_import_check_sees_one():
+    text = "from engine.tools.bench import _replay, run\nfrom . import _own\nfrom engine import __version__\n"
+    assert _private_imports(text, "trainer.bench_x", "trainer") == {
+        "trainer.bench_x imports engine.tools.bench._replay", "trainer.bench_x imports trainer._own"}
+    assert _private_imports("from trainer.store import _x\n", "trainer.store", "trainer") == set()

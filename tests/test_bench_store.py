@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the loader is torch's DataLoader (pip insta
 from trainer.bench_store import MARK, bench_store, format_store_report, make_store  # noqa: E402
 from trainer.config import is_validation  # noqa: E402
 from trainer.records import RECORD_BYTES, read_chunk  # noqa: E402
-from trainer.replay import ReplayStore  # noqa: E402
+from trainer.store import ReplayStore  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

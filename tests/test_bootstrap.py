@@ -32,7 +32,7 @@ needs_stockfish = pytest.mark.skipif(STOCKFISH is None,
 
 
 def _store(run):
-    from trainer.replay import ReplayStore
+    from trainer.store import ReplayStore
 
     return ReplayStore(run)
 

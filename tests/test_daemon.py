@@ -578,15 +578,15 @@ def test_gating_publishes_only_accepted_generations(run_dir, monkeypatch):
 
 def test_config_names_a_bundled_config_or_a_file(run_dir, tmp_path):
     from trainer.config import bundled_config, load_config, load_run_config
-    from trainer.daemon import _resolve_config
+    from trainer.rundir import resolve_config
 
-    assert _resolve_config(run_dir, "cpu") == load_config(bundled_config("cpu"))
+    assert resolve_config(run_dir, "cpu") == load_config(bundled_config("cpu"))
     path = tmp_path / "mine.toml"
     path.write_text(CONFIG)
-    assert _resolve_config(run_dir, str(path)) == config()
-    assert _resolve_config(run_dir, None) == load_run_config(run_dir)
+    assert resolve_config(run_dir, str(path)) == config()
+    assert resolve_config(run_dir, None) == load_run_config(run_dir)
     with pytest.raises(ValueError, match="cannot read config"):
-        _resolve_config(run_dir, "no-such-config")
+        resolve_config(run_dir, "no-such-config")
 
 
 def test_the_users_config_is_left_as_written_and_the_learner_gets_the_daemons(run_dir, tmp_path):
@@ -608,16 +608,6 @@ def test_the_users_config_is_left_as_written_and_the_learner_gets_the_daemons(ru
     effective = os.path.join(run_dir, "config.effective.toml")
     assert loads_config(open(effective).read()) == config(daemon={"flush_s": 0.3})
     assert learner[learner.index("--config") + 1] == effective and "learn" in learner and "--follow" in learner
-
-
-def test_usable_cores_follows_the_affinity_so_taskset_sizes_the_workers():
-    from trainer import usable_cores
-
-    assert usable_cores() == len(os.sched_getaffinity(0))
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from trainer import usable_cores; print(usable_cores())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "1"
 
 
 def test_games_are_held_out_for_validation_from_the_first_one_on(run_dir):

@@ -26,6 +26,7 @@ from engine.tools.random_mover import RandomMover  # noqa: E402
 from trainer import evaluate as ev  # noqa: E402
 from trainer.config import LadderConfig  # noqa: E402
 from trainer.cli import main  # noqa: E402
+from trainer.rundir import EVALUATION_LOCK, lock_path, read_evaluations, read_ratings  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -127,7 +128,7 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys):
     assert "--games must be even" in capsys.readouterr().err
     assert main(["evaluate", run, "--stockfish", "/no/such/stockfish"]) == 1
     assert "/no/such/stockfish not found" in capsys.readouterr().err
-    with open(os.path.join(run, ev.LOCK_FILE), "w") as f:  # an evaluation under way holds the lock
+    with open(lock_path(run, EVALUATION_LOCK), "w") as f:  # an evaluation under way holds the lock
         fcntl.flock(f, fcntl.LOCK_EX)
         with pytest.raises(ValueError, match="another `cyzero-train evaluate` is running"):
             ev.evaluate_run(run, cfg=LadderConfig(nodes=2, games=2, stockfish=""))
@@ -222,7 +223,7 @@ def test_evaluate_writes_a_line_per_match_and_the_ratings_and_resumes(tiny_nets,
     (tmp_path / "run" / "config.toml").write_text('[ladder]\nnodes = 2\ngames = 2\nstockfish = ""\nwindow = 10000.0\n')
     assert main(["evaluate", run, "--every", "2"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    lines = ev.read_evaluations(run)
+    lines = read_evaluations(run)
     expected = [(0, "random"), (2, "gen0"), (2, "random")]
     assert [(r["generation"], r["opponent"]) for r in lines] == expected == [(r["generation"], r["opponent"])
                                                                              for r in printed]
@@ -246,7 +247,7 @@ def test_evaluate_writes_a_line_per_match_and_the_ratings_and_resumes(tiny_nets,
         f.write('{"generation": 1, "opponent": "gen0"}\n'  # incomplete
                 '{"generation": 1, "opponent": "stockfish", "wins": 1, "draws": 0, "losses": 0, "games": 1, '
                 '"nodes": 2}\n[1, 2]\n\xff\xfe garbage\n{"generation": 2, "opp')
-    assert len(ev.read_evaluations(run)) == 3
+    assert len(read_evaluations(run)) == 3
     before = open(os.path.join(run, ev.EVALUATION_FILE), "rb").read()
     assert ev.evaluate_run(run, every=2, cfg=TINY, log=lambda line: None) == []
     assert open(os.path.join(run, ev.EVALUATION_FILE), "rb").read() == before
@@ -261,7 +262,7 @@ def test_stockfish_at_a_skill_level_is_an_anchor(tiny_nets, tmp_path):
     cfg = LadderConfig(nodes=2, games=2, stockfish="stockfish", stockfish_levels="0", stockfish_nodes=50)
     lines = ev.evaluate_run(run, cfg=cfg, log=lambda line: None)
     assert [(r["generation"], r["opponent"]) for r in lines] == [(0, "random"), (0, "sf-skill0")]
-    ratings = ev.read_ratings(run)
+    ratings = read_ratings(run)
     assert set(ratings["anchors"]) == {"random", "sf-skill0"}
     # a random 1x8 at 2 nodes does not beat Stockfish: skill 0 rates above it
     assert ratings["anchors"]["sf-skill0"]["elo"] > ratings["generations"][0]["elo"]
@@ -282,7 +283,7 @@ def test_follow_rates_each_new_generation_as_the_run_exports_it(tiny_nets, tmp_p
     thread.start()
     try:
         deadline = time.monotonic() + 120
-        rated = lambda: {r["generation"] for r in ev.read_evaluations(run)}  # noqa: E731
+        rated = lambda: {r["generation"] for r in read_evaluations(run)}  # noqa: E731
         while rated() != {0, 2} and time.monotonic() < deadline and not errors:
             time.sleep(0.2)
         assert rated() == {0, 2}, (lines, errors)        # generation 0 first, then the newest: 1 skipped
@@ -291,7 +292,7 @@ def test_follow_rates_each_new_generation_as_the_run_exports_it(tiny_nets, tmp_p
             f.write(open(tiny_nets[3], "rb").read())
         with open(os.path.join(run, "generations.jsonl"), "a", encoding="utf-8") as f:
             f.write(json.dumps({"generation": 3, "step": 30, "onnx": "networks/gen-00003.onnx", "time": 2.0}) + "\n")
-        opponents = lambda: {r["opponent"] for r in ev.read_evaluations(run) if r["generation"] == 3}  # noqa: E731
+        opponents = lambda: {r["opponent"] for r in read_evaluations(run) if r["generation"] == 3}  # noqa: E731
         while len(opponents()) < 3 and time.monotonic() < deadline and not errors:
             time.sleep(0.2)
         assert opponents() == {"gen2", "gen0", "random"}, (lines, errors)   # its predecessor, then the anchors
@@ -348,7 +349,7 @@ def test_status_shows_the_ladder_and_the_newest_matches(tmp_path, capsys):
     status = run_status(run)
     assert [(r["generation"], r["opponent"]) for r in status["evaluation"]] == [
         (3, "gen1"), (3, "random"), (3, "sf-skill0")]
-    fitted = ev.fit_ratings(ev.read_evaluations(run))
+    fitted = ev.fit_ratings(read_evaluations(run))
     text = format_status(status, now=now)
     ladder = next(line for line in text.splitlines() if line.startswith("  ladder"))
     g3, g0, sf = fitted["gen3"], fitted["gen0"], fitted["sf-skill0"]

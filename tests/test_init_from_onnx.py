@@ -311,7 +311,7 @@ def test_learn_init_from_the_bundled_network_starts_from_its_weights(tmp_path, b
     from test_lc0_trainer import encoded
 
     from engine.network import Network
-    from trainer.learner import checkpoint_path, list_checkpoints
+    from trainer.rundir import checkpoint_path, list_checkpoints
     from trainer.model import load_net
 
     run = make_run(tmp_path / "run")  # [model] net = "1x8"
@@ -360,7 +360,7 @@ def test_learn_init_from_with_init_blocks_deepens_the_file_and_starts_from_its_f
 
     from engine.network import Network
     from trainer.cli import main
-    from trainer.learner import list_checkpoints
+    from trainer.rundir import list_checkpoints
     from trainer.model import load_net
 
     source = tmp_path / "tiny.onnx"
@@ -397,7 +397,7 @@ def test_learn_init_from_a_reduced_precision_file_is_a_one_line_error(tmp_path, 
     from test_learner import make_run
 
     from trainer.cli import main
-    from trainer.learner import list_checkpoints
+    from trainer.rundir import list_checkpoints
 
     run = make_run(tmp_path / "run")
     code = main(["learn", run, "--steps", "2", "--no-progress", "--init-from", os.path.join(NETS, "default.int8.onnx")])

@@ -6,7 +6,7 @@ The lc0 file is the repository's fixture ``tests/data/lc0/cyzero-3x16.pb.gz`` (3
 WDL, a ReLU moves-left head: a file lc0 v0.32.1 plays, ``tests/test_lc0.py``) and, where a user has
 it, Maia 1100 (6x64, written by lc0's own trainer; an extra, ``lc0_files.MAIA``). The other shapes
 (classical policy and value heads, Mish, no SE) are tiny random files written by
-``tests/lc0_files.py``. The reference is always :func:`engine.lc0.lc0_to_onnx`'s graph.
+``tests/lc0_files.py``. The reference is always :func:`engine.lc0_onnx.lc0_to_onnx`'s graph.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from engine.encoding import encode_position, legal_mask
 from engine.board import Board
 from lc0_files import CYZERO, MAIA, Lc0Spec, fixture_params, wrap_onnx, write_lc0
-from trainer.learner import checkpoint_path, list_checkpoints, model_section, net_config
+from trainer.learner import model_section, net_config
+from trainer.rundir import checkpoint_path, list_checkpoints
 from trainer.config import default_config, model_differences
 from trainer.model import NetConfig
 

@@ -30,14 +30,16 @@ import torch.multiprocessing as mp
 
 from engine.board import Board
 from engine.encoding import PLANES, POLICY_SIZE
-from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, load_config, to_toml
+from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, is_validation, load_config, to_toml
 from trainer.learner import (
-    EXIT_HOOK_ENV, WeightAverager, checkpoint_path, compute_losses, evaluate, join_group, learn, list_checkpoints,
-    lr_at, make_optimizer, policy_cross_entropy, rendezvous_store, train_step,
+    EXIT_HOOK_ENV, WeightAverager, compute_losses, evaluate, join_group, learn, lr_at, make_optimizer,
+    policy_cross_entropy, rendezvous_store, train_step,
 )
+from trainer.loader import ReplaySampler, WindowConfig
 from trainer.model import NetConfig, NetOutput, build_net
 from trainer.records import RECORD_DTYPE, Eval, make_record
-from trainer.replay import ReplaySampler, ReplayStore, WindowConfig, is_validation
+from trainer.rundir import checkpoint_path, list_checkpoints
+from trainer.store import ReplayStore
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 
@@ -305,7 +307,7 @@ def make_run(path, config: str = TINY, game=None, games_per_chunk: int = 3, seed
     val_percent = load_config(os.path.join(path, CONFIG_FILE)).replay.val_percent
     rng = random.Random(seed)
     names_rng = random.Random(f"chunk names {seed}")
-    with mock.patch("trainer.replay.uuid.uuid4", lambda: uuid.UUID(int=names_rng.getrandbits(128))):
+    with mock.patch("trainer.store.uuid.uuid4", lambda: uuid.UUID(int=names_rng.getrandbits(128))):
         for _ in range(1000):
             names = [e.name for e in store.entries()]
             held = sum(is_validation(n, val_percent) for n in names)
@@ -778,7 +780,7 @@ def stockfish_games(n_positions: int, seed: int = 0, input_format: int = 1) -> l
 @pytest.mark.skipif(STOCKFISH is None, reason="needs stockfish (Debian: apt install stockfish)")
 def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_path):
     from trainer.learner import net_config
-    from trainer.replay import validation_batch
+    from trainer.loader import validation_batch
 
     stream = iter(stockfish_games(2000))
     config = TINY.replace('net = "1x8"', 'net = "2x16"').replace("batch_size = 16", "batch_size = 32").replace(

@@ -1,4 +1,4 @@
-"""How the learner's batches reach the device (trainer/replay.py's loader, trainer/learner.py's
+"""How the learner's batches reach the device (trainer/loader.py's loader, trainer/learner.py's
 DeviceFeed and stop vote): packed host buffers, pinned memory and side-stream copies on CUDA only,
 and on the CPU the same batches in the same order as ever, so runs and resumes stay identical.
 
@@ -17,12 +17,12 @@ import torch.multiprocessing as mp
 
 from trainer.config import CONFIG_FILE, load_config
 from trainer.learner import (
-    DeviceFeed, _Launch, _Learner, _StopVote, checkpoint_path, join_group, learn, pinned_transfer, rendezvous_store,
+    DeviceFeed, _Launch, _Learner, _StopVote, join_group, learn, pinned_transfer, rendezvous_store,
 )
+from trainer.loader import Batch, ReplayLoader, ReplaySampler, WindowConfig, _pack, _unpack
 from trainer.records import decode_records, read_chunk
-from trainer.replay import (
-    Batch, ReplayLoader, ReplaySampler, ReplayStore, WindowConfig, _pack, _unpack,
-)
+from trainer.rundir import checkpoint_path
+from trainer.store import ReplayStore
 
 from test_learner import TINY, make_run, random_game
 

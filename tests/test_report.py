@@ -12,8 +12,9 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib (the train extra
 
 from engine.board import Board  # noqa: E402
 from trainer.cli import main  # noqa: E402
+from trainer.config import is_validation  # noqa: E402
 from trainer.records import Eval, make_record  # noqa: E402
-from trainer.replay import ReplayStore, is_validation  # noqa: E402
+from trainer.store import ReplayStore  # noqa: E402
 from trainer.atomic import read_jsonl  # noqa: E402
 from trainer.report import format_status, run_status  # noqa: E402
 
@@ -480,23 +481,16 @@ def test_status_reads_a_run_without_importing_torch_or_numpy(daemon_run):
 
 
 def test_the_reader_agrees_with_the_writers():
-    """status reads without importing the writers (torch, the engine): their file names, window
-    rule, validation split, manifest and evaluation readers must be the same as the writers' own."""
-    from trainer import daemon, evaluate, learner, replay, report
+    """status reads the run through trainer.rundir, which names every file of it; the store still
+    names its manifest itself, and samples by the window rule and validation split status uses."""
+    from trainer import loader, rundir, store
     from trainer.config import is_validation as config_is_validation, window_size
 
-    assert (report.METRICS_FILE, report.GENERATIONS_FILE, report.PROGRESS_FILE, report.CHECKPOINT_DIR,
-            report.NETWORK_DIR) == (learner.METRICS_FILE, learner.GENERATIONS_FILE, learner.PROGRESS_FILE,
-                                    learner.CHECKPOINT_DIR, learner.NETWORK_DIR)
-    assert (report.DAEMON_FILE, report.WORKERS_FILE, report.PUBLISHED_FILE, report.GATING_FILE) == (
-        daemon.DAEMON_FILE, daemon.WORKERS_FILE, daemon.PUBLISHED_FILE, daemon.GATING_FILE)
-    assert (report.EVALUATION_FILE, report.RATINGS_FILE) == (evaluate.EVALUATION_FILE, evaluate.RATINGS_FILE)
-    assert all(report.OPPONENT.fullmatch(name) for name in ("random", "gen0", "gen12", "sf-skill3"))
-    assert report.MANIFEST == os.path.join("replay", replay.MANIFEST)
+    assert all(rundir.OPPONENT.fullmatch(name) for name in ("random", "gen0", "gen12", "sf-skill3"))
+    assert rundir.MANIFEST == os.path.join(rundir.REPLAY_DIR, store.MANIFEST)
     # One rule each, shared: the store and the learner use the very functions status uses.
-    assert (replay.window_size, replay.is_validation) == (window_size, config_is_validation)
-    assert learner.list_checkpoints is report.list_checkpoints
-    assert evaluate.read_evaluations is report.read_evaluations
+    assert (loader.window_size, loader.is_validation, store.is_validation) == (
+        window_size, config_is_validation, config_is_validation)
 
 
 def test_the_manifest_is_read_as_the_store_replays_it(run):
@@ -507,7 +501,7 @@ def test_the_manifest_is_read_as_the_store_replays_it(run):
     with open(run / "replay" / "manifest.jsonl", "a") as f:
         f.write('garbage\n{"op":"add","name":"x.gz","positions":3,"games":1,"generation":1,"source":"s",'
                 '"time":1.0,"game_ids":["tor')  # a line in progress
-    from trainer.report import read_manifest
+    from trainer.rundir import read_manifest
 
     assert [tuple(c) for c in read_manifest(str(run))] == [
         (e.name, e.positions, e.games, e.generation, e.source, e.time) for e in ReplayStore(run).entries()]
@@ -557,7 +551,8 @@ def test_plot_draws_the_gating_chart(daemon_run, tmp_path, capsys):
 
 def test_status_shows_how_each_device_is_shared(tmp_path):
     """A GPU with self-play workers and a learner rank says so: the run's split of its devices."""
-    from trainer.daemon import WORKERS_FILE, learner_ranks
+    from trainer.devices import learner_ranks
+    from trainer.rundir import WORKERS_FILE
 
     split = {"cuda:0": {"selfplay_workers": 1, "games_per_worker": 256, "network_max_batch": 1024,
                         "learner_ranks": learner_ranks("cuda:0")["cuda:0"]}}

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch", reason="cyzero-train needs the train extra (pip install 'cyzero[train]')")
 
 from trainer.cli import main  # noqa: E402
-from trainer.replay import ReplayStore  # noqa: E402
+from trainer.store import ReplayStore  # noqa: E402
 
 STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
 needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="no stockfish on PATH or at /usr/games/stockfish")

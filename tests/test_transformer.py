@@ -205,7 +205,8 @@ def test_the_learner_trains_a_transformer_on_stockfish_labels(tmp_path, input_fo
     code, lines = run_learn(run, steps=50)
     assert code == 0, lines
     cfg = load_config(os.path.join(run, CONFIG_FILE))
-    from trainer.replay import ReplayStore, WindowConfig, validation_batch
+    from trainer.loader import WindowConfig, validation_batch
+    from trainer.store import ReplayStore
 
     held_out = validation_batch(ReplayStore(run, input_format),
                                 WindowConfig(floor=cfg.replay.floor, val_percent=cfg.replay.val_percent), 256)
@@ -307,7 +308,7 @@ def test_a_transformer_plays_learns_and_is_published_under_the_daemon(tmp_path):
         onnx = os.path.join(run, "networks", f"gen-{newest:05d}.onnx")
         network = Network(onnx, backend="cpu")
         assert " bt-16x1x2h," in network.description and network.input_format == 4
-        from trainer.replay import ReplayStore
+        from trainer.store import ReplayStore
 
         store = ReplayStore(run, 4)
         chunks = [e for e in store.entries() if e.source == "selfplay"]

@@ -24,7 +24,7 @@ from trainer import wire, worker as worker_module
 from trainer.config import SelfPlayConfig
 from trainer.records import check_records
 from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config
-from trainer.worker import Worker, parse_devices
+from trainer.worker import Worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -460,14 +460,6 @@ def test_settings_from_config():
         settings_from_config({"noise_alpah": 0.3})
     with pytest.raises(ValueError, match="not valid"):
         settings_from_config({}, openings=["not a fen"])
-
-
-def test_parse_devices():
-    assert parse_devices("cpu") == ["cpu"]
-    assert parse_devices("cuda:0,1") == ["cuda:0", "cuda:1"] == parse_devices("cuda:0,cuda:1")
-    for bad in ("gpu", "cuda:0,cuda:0", ""):
-        with pytest.raises(ValueError, match="--devices"):
-            parse_devices(bad)
 
 
 class FakeTables:

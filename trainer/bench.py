@@ -7,7 +7,7 @@ with its ceiling (``bench selfplay``, the self-play workers' counterpart, is
 * **learner, 1 rank** and **learner, 2 ranks**: :func:`trainer.learner.learn` itself (the real
   loader, DDP over gloo or nccl, metrics), its samples/s read from ``metrics.jsonl`` (which
   leaves out the checkpoints and validation), the first log interval dropped as warm-up;
-* **loader**: :func:`trainer.replay.loader_throughput`, what the worker processes deliver alone.
+* **loader**: :func:`trainer.loader.loader_throughput`, what the worker processes deliver alone.
 
 The ratios are the point: the learner should keep at least 90% of the raw rate (the loader
 and the bookkeeping hide behind the step) and the loader should deliver at least five times
@@ -66,7 +66,7 @@ def synthetic_records(n: int, seed: int = 0, input_format: int = 1) -> np.ndarra
 
 def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int, input_format: int) -> None:
     """A replay store of ``chunks`` chunks drawn (with repeats) from a few thousand distinct positions."""
-    from trainer.replay import ReplayStore
+    from trainer.store import ReplayStore
 
     base = synthetic_records(min(4000, chunks * chunk_positions), seed, input_format)
     store = ReplayStore(folder, input_format)
@@ -131,9 +131,9 @@ def _daemon_rate(run_dir: str, bench_rate: float) -> dict:
     """The run learner's own samples/s under the daemon (RUN/metrics.jsonl: the median of its last
     :data:`DAEMON_INTERVALS` log intervals, each measured while training, waits for games left
     out) and its share of ``bench_rate``; empty when the run has no rate yet."""
-    from trainer.report import METRICS_FILE, _lines
+    from trainer.rundir import METRICS_FILE, read_log
 
-    rows = [r for r in _lines(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("samples_per_s"), (int, float))]
+    rows = [r for r in read_log(os.path.join(run_dir, METRICS_FILE)) if isinstance(r.get("samples_per_s"), (int, float))]
     rows = rows[1:][-DAEMON_INTERVALS:]  # the first interval holds the warm-up
     if not rows:
         return {}
@@ -230,7 +230,8 @@ def bench_train(
     threads). The default takes about a minute on a 2-core CPU. ``print_report`` prints :func:`format_report` to stdout; progress goes
     to ``log`` (default stderr).
     """
-    from trainer.replay import Batch, ReplayLoader, ReplaySampler, ReplayStore, WindowConfig, loader_throughput
+    from trainer.loader import Batch, ReplayLoader, ReplaySampler, WindowConfig, loader_throughput
+    from trainer.store import ReplayStore
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -249,7 +250,7 @@ def bench_train(
         net, batch_size = base_config.model.net, base_config.train.batch_size
     if run_dir is not None:
         from trainer.config import load_run_config
-        from trainer.report import check_run_dir
+        from trainer.rundir import check_run_dir
 
         run_dir = check_run_dir(run_dir)
         base_config = load_run_config(run_dir)

@@ -61,6 +61,7 @@ from engine.watchers import FETCH_TIMEOUT_S
 from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl, sha256_bytes
 from trainer.fleet_followers import Followers, peak_rss
+from trainer.store import MANIFEST as STORE_MANIFEST
 from trainer.worker import HEARTBEAT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S, configure_dealer
 
 __all__ = ["BENCH_CONFIG", "GAMES_PER_HOUR_PER_WORKER", "FleetResult", "bench_fleet", "format_fleet_report",
@@ -83,11 +84,11 @@ SAMPLE_S = 0.25           # the daemon's memory sampled this often (its CPU ever
 PROGRESS_S = 5.0
 _RETRY_S = 0.2            # a send ZeroMQ had no room for is tried again this soon
 _SEND_BURST = 256         # games sent at most before the loop reads its replies
-# The run's files as trainer.learner and trainer.replay lay them out (importing them would cost this
-# process torch): the learner's generations and networks, the store's manifest.
+# The run's files as trainer.learner lays them out (importing it would cost this process torch):
+# the learner's generations and networks; and the store's manifest (trainer.store has no torch).
 GENERATIONS = "generations.jsonl"
 NETWORK = os.path.join("networks", "gen-%05d.onnx")
-MANIFEST = os.path.join("replay", "manifest.jsonl")
+MANIFEST = os.path.join("replay", STORE_MANIFEST)
 _ID_MARK = "x" * 32       # in a template's PGN: the game id
 _GEN_MARK = "GENERATION"  # in a template's PGN: the generation
 
@@ -609,7 +610,7 @@ class _DaemonProcess:
         self.started_s = time.monotonic() - start
 
     def _daemon_json(self) -> Optional[dict]:
-        from trainer.daemon import DAEMON_FILE
+        from trainer.rundir import DAEMON_FILE
 
         try:
             with open(os.path.join(self.run_dir, DAEMON_FILE), encoding="utf-8") as f:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer import usable_cores
+from trainer.devices import usable_cores
 from trainer.lifeline import end_with
 
 __all__: Sequence[str] = ["bench_selfplay", "format_selfplay_report"]
@@ -42,7 +42,8 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
     Positions are counted by the wrapper around ``evaluate``.
     """
     from engine.network import POLICY_SIZE, Network
-    from engine.tools.bench import _CountingNetwork, _nn_inputs, _replay
+    from engine.tools.bench_nn import nn_inputs
+    from engine.tools.bench_search import CountingNetwork, replay
     from trainer.selfplay import SelfPlay, SelfPlaySettings, settings_from_config, worker_max_batch
 
     device = job.get("device", "cpu")
@@ -57,7 +58,7 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
         net = Network(job["network"], backend="cpu", intra_threads=job["threads"])
     else:  # cuda:N, the worker's choice of provider (TensorRT, else CUDA)
         net = Network(job["network"], backend="auto", device_id=int(device.split(":")[1]), **gpu_options)
-    counted = _CountingNetwork(net)
+    counted = CountingNetwork(net)
     share = job["seconds"] / SELFPLAY_ROUNDS
     figures = {"positions": 0, "calls": 0, "plies": 0, "seconds": 0.0, "raw_positions": 0, "raw_seconds": 0.0,
                "finished_plies": [], "sizes": {}, "batch_sizes": list(net.batch_sizes)}
@@ -81,11 +82,11 @@ def _selfplay_job(job: dict, barrier: Any) -> dict:
                 figures["sizes"][n] = figures["sizes"].get(n, 0) + 1
             largest = max(sizes, default=1)
             if len(planes) < largest:
-                planes = _nn_inputs(largest)[0]
+                planes = nn_inputs(largest)[0]
                 outputs = (np.empty((largest, POLICY_SIZE), np.float32), np.empty((largest, 3), np.float32),
                            np.empty(largest, np.float32) if net.has_mlh else None)
             barrier.wait()
-            figures["raw_seconds"] += _replay(net, sizes, planes, outputs)
+            figures["raw_seconds"] += replay(net, sizes, planes, outputs)
             figures["raw_positions"] += sum(sizes)
     finally:
         selfplay.close()

@@ -2,7 +2,7 @@
 
 It makes a store of ``--positions`` synthetic self-play positions the way the daemon writes one
 (64 games of about 40 V6 records a chunk, each game the gzip member a worker sent, through
-:meth:`trainer.replay.ReplayStore.append_games`, held-out games in chunks of their own, a new
+:meth:`trainer.store.ReplayStore.append_games`, held-out games in chunks of their own, a new
 generation every 100,000 positions), then measures what reads it:
 
 * the bytes a position takes on disk, chunks and manifest apart, and the decompressed cache the
@@ -91,7 +91,7 @@ def make_store(folder: str, positions: int, *, input_format: int = 1, val_percen
     from tqdm import tqdm
 
     from trainer.bench_fleet import template_games
-    from trainer.replay import ReplayStore, hold_out
+    from trainer.store import ReplayStore, hold_out
 
     if positions < 1:
         raise ValueError(f"positions must be >= 1, got {positions}")
@@ -167,7 +167,8 @@ def _manifest_figures(folder: str, window, batch_size: int, input_format: int) -
     """The manifest's load time and the sampler's time and memory to build over it."""
     import psutil
 
-    from trainer.replay import ReplaySampler, ReplayStore
+    from trainer.loader import ReplaySampler
+    from trainer.store import ReplayStore
 
     loads, builds = [], []
     for _ in range(3):
@@ -199,22 +200,21 @@ def _manifest_figures(folder: str, window, batch_size: int, input_format: int) -
 
 def _warm_cache(folder: str, window, batch_size: int, input_format: int) -> tuple[float, int]:
     """Build the decompressed cache of the window's chunks (seconds, the window's chunks)."""
-    from trainer.replay import ReplaySampler, ReplayStore, _BatchReader
+    from trainer.loader import ReplaySampler, warm_cache
+    from trainer.store import ReplayStore
 
-    store = ReplayStore(folder, input_format)
-    plan = ReplaySampler(store, window, batch_size)._plan
-    reader = _BatchReader(store, 0, 1)
+    sampler = ReplaySampler(ReplayStore(folder, input_format), window, batch_size)
     start = time.perf_counter()
-    for name, size in zip(plan.names, plan.sizes):
-        reader._chunk(name, int(size))
-    return time.perf_counter() - start, len(plan.names)
+    chunks = warm_cache(sampler)
+    return time.perf_counter() - start, chunks
 
 
 def loader_rate(folder: str, window, batch_size: int, *, ranks: int, workers: int, cache: bool, batches: int,
                 warm_batches: int = 2, input_format: int = 1) -> dict:
     """Global samples/s of ``ranks`` loaders of ``workers`` processes each, stepped in lockstep (each
     rank takes its slice of every global batch, as DDP ranks do); and the chunks they loaded each way."""
-    from trainer.replay import ReplayLoader, ReplaySampler, ReplayStore
+    from trainer.loader import ReplayLoader, ReplaySampler
+    from trainer.store import ReplayStore
 
     loaders = []
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
@@ -257,8 +257,9 @@ def bench_store(*, run_dir: str | None = None, positions: int = 10_000_000, conf
     two a core between them).
     """
     from trainer.config import default_config, load_named_config
+    from trainer.loader import cache_reserve
     from trainer.records import RECORD_BYTES
-    from trainer.replay import _CACHE_RESERVE_BYTES, _CACHE_RESERVE_SHARE, ReplayStore, WindowConfig
+    from trainer.store import ReplayStore
 
     cfg = load_named_config(config) if config else default_config()
     input_format, batch_size = cfg.model.input_format, cfg.train.batch_size
@@ -294,7 +295,7 @@ def bench_store(*, run_dir: str | None = None, positions: int = 10_000_000, conf
             f"sampler over {m['window_positions']:,} positions built in {m['sampler_build_s']:.3f} s")
 
         disk = _disk(run_dir)
-        room = disk["free_bytes"] - max(_CACHE_RESERVE_BYTES, int(disk["total_bytes"] * _CACHE_RESERVE_SHARE))
+        room = disk["free_bytes"] - cache_reserve(disk["total_bytes"])
         cached_now = _files_bytes(str(store.cache_dir))[1]
         want_window = m["window_positions"] * RECORD_BYTES
         figures["disk"] = disk

@@ -1,7 +1,7 @@
 """A supervised start: training records from a teacher UCI engine or from PGN game records.
 
 Both write lc0 V6 records (:mod:`trainer.records`) into the run's replay store as
-generation 0, through :meth:`trainer.replay.ReplayStore.writer`, and both resume:
+generation 0, through :meth:`trainer.store.ReplayStore.writer`, and both resume:
 running the same command again continues where the last run stopped.
 
 Teacher (:func:`bootstrap_teacher`)
@@ -106,7 +106,6 @@ from __future__ import annotations
 import bz2
 import contextlib
 import dataclasses
-import fcntl
 import gzip
 import hashlib
 import io
@@ -121,7 +120,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, NamedTuple, cast
 
@@ -132,10 +131,11 @@ import chess.syzygy
 import numpy as np
 
 from engine.board import Board
-from trainer import usable_cores
 from trainer.atomic import atomic_write_text
 from trainer.config import TEACHER_DEFAULTS, load_effective_config
+from trainer.devices import usable_cores
 from trainer.records import INPUT_FORMAT_CLASSICAL, RECORD_DTYPE, Eval, make_record
+from trainer.rundir import bootstrap_state_path, run_lock
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -169,9 +169,6 @@ _START_TIMEOUT_S = 20.0
 
 TEACHER_SOURCE = "teacher"
 PGN_SOURCE = "pgn"
-_STATE_DIR = "bootstrap"
-_PGN_STATE = "pgn.json"
-_TEACHER_STATE = "teacher.json"
 _PGN_STATE_VERSION = 1
 
 
@@ -210,8 +207,7 @@ class PgnSummary:
 
 
 def _open_store(run_dir: str | os.PathLike, input_format: int) -> Any:
-    # Imported here: trainer.replay imports torch, which the teacher's worker processes do not need.
-    from trainer.replay import ReplayStore
+    from trainer.store import ReplayStore
 
     return ReplayStore(run_dir, input_format)
 
@@ -224,21 +220,6 @@ def run_input_format(run_dir: str | os.PathLike) -> int:
 
 def _source_positions(store: Any, source: str) -> int:
     return sum(e.positions for e in store.entries() if e.source == source)
-
-
-@contextlib.contextmanager
-def _run_lock(run_dir: str | os.PathLike, name: str) -> Iterator[None]:
-    """One importer of a kind per run directory: a second one would double count what is left to do."""
-    folder = os.path.join(os.fspath(run_dir), _STATE_DIR)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.lock")
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another bootstrap ({name}) is writing to {os.fspath(run_dir)} "
-                               f"(it holds {path})") from None
-        yield
 
 
 def _progress_bar(total: int, initial: int, desc: str, enabled: bool, unit: str = "pos") -> Any:
@@ -559,9 +540,9 @@ def bootstrap_teacher(
     settings = _GameSettings(depth, multipv, float(temperature), float(random_move_share),
                              opening_plies, max_plies, syzygy, student, input_format)
     started = time.monotonic()
-    with _run_lock(run_dir, TEACHER_SOURCE):
+    with run_lock(run_dir, TEACHER_SOURCE):
         store = _open_store(run_dir, input_format)
-        progress_path = os.path.join(os.fspath(run_dir), _STATE_DIR, _TEACHER_STATE)
+        progress_path = bootstrap_state_path(run_dir, TEACHER_SOURCE)
         done = max(_source_positions(store, TEACHER_SOURCE), _read_teacher_state(progress_path))
         if done >= positions:
             return TeacherSummary(shlex.join(command), done, 0, 0, {}, time.monotonic() - started)
@@ -846,11 +827,11 @@ def bootstrap_pgn(
         if not os.path.isfile(path):
             raise FileNotFoundError(f"PGN file {path} does not exist")
     started = time.monotonic()
-    state_path = os.path.join(os.fspath(run_dir), _STATE_DIR, _PGN_STATE)
+    state_path = bootstrap_state_path(run_dir, PGN_SOURCE)
     skipped: dict[str, int] = {}
     games = positions = already_done = 0
     input_format = run_input_format(run_dir) if input_format is None else input_format
-    with _run_lock(run_dir, PGN_SOURCE):
+    with run_lock(run_dir, PGN_SOURCE):
         store = _open_store(run_dir, input_format)
         state = _load_pgn_state(state_path, _source_positions(store, PGN_SOURCE))
         # Commits are ours (no auto-commit, no commit on exit): each is bracketed by resume states.

@@ -18,8 +18,9 @@ import warnings
 import zipfile
 
 from engine.tools.closed_stdout import quiet_when_reader_gone, reader_gone
-from trainer import EXIT_WITH_PARENT_ENV, usable_cores
+from trainer import EXIT_WITH_PARENT_ENV
 from trainer.config import TEACHER_DEFAULTS, bundled_config_names
+from trainer.devices import usable_cores
 
 TRAIN_EXTRA_HINT = (
     "install the training extra: pip install 'cyzero[train]'\n"
@@ -411,7 +412,7 @@ def _exported_weights(path: str, step, kind) -> str:
     """``--weights auto``: "raw" or "average", as the learner chose when it exported the
     generation of checkpoint ``path`` (RUN/checkpoints/step-N.pt -> RUN/generations.jsonl)."""
     from trainer.atomic import read_jsonl
-    from trainer.report import GENERATIONS_FILE
+    from trainer.rundir import GENERATIONS_FILE
 
     if kind is None:
         return "raw"
@@ -577,6 +578,7 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     import threading
 
     from trainer import bootstrap
+    from trainer.rundir import RunBusy
     from trainer.stop_signals import stop_on_signals
 
     if args.input_format is not None:
@@ -597,14 +599,14 @@ def bootstrap_main(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
                 summary = bootstrap.bootstrap_teacher(
                     args.run_dir, teacher=teacher, positions=args.positions, syzygy=args.syzygy,
                     seed=args.seed, progress=not args.no_progress, stop=stop, **options)
-        except RuntimeError as exc:  # TeacherError, or another bootstrap holding the run
+        except (RuntimeError, RunBusy) as exc:  # TeacherError, or another bootstrap holding the run
             print(f"cyzero-train bootstrap: error: {exc}", file=sys.stderr)
             return 1
     elif args.pgn:
         summary = bootstrap.bootstrap_pgn(args.run_dir, args.pgn, progress=not args.no_progress,
                                           input_format=args.input_format)
     else:
-        from trainer.replay import ReplayStore, import_lc0_chunks
+        from trainer.store import ReplayStore, import_lc0_chunks
 
         fmt = bootstrap.run_input_format(args.run_dir) if args.input_format is None else args.input_format
         summary = import_lc0_chunks(ReplayStore(args.run_dir, fmt), args.lc0)
@@ -635,14 +637,15 @@ def evaluate_main(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    import contextlib
     import dataclasses
-    import signal
     import threading
 
-    from trainer.config import load_config, load_run_config, named_config_path
+    from trainer.rundir import resolve_config
+    from trainer.stop_signals import stop_on_signals
 
     try:
-        config = (load_config(named_config_path(args.config)) if args.config else load_run_config(args.run_dir))
+        config = resolve_config(args.run_dir, args.config or None)
     except (ValueError, OSError) as exc:
         print(f"cyzero-train evaluate: error: {_one_line(exc, 500)}", file=sys.stderr)
         return 2
@@ -653,11 +656,12 @@ def evaluate_main(args: argparse.Namespace) -> int:
     if args.nice:
         os.nice(args.nice)
     stop = threading.Event()
-    if args.follow:  # SIGTERM (the daemon's stop) and Ctrl-C end it between games, writing nothing half-done
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, frame: stop.set())
+    # with --follow, SIGTERM (the daemon's stop) and Ctrl-C end it between games, writing nothing half-done
+    signals = stop_on_signals(stop, interrupt_again=False) if args.follow else contextlib.nullcontext()
     try:
-        lines = evaluate_run(args.run_dir, every=args.every, cfg=cfg, follow=args.follow, log=progress, stop=stop)
+        with signals:
+            lines = evaluate_run(args.run_dir, every=args.every, cfg=cfg, follow=args.follow, log=progress,
+                                 stop=stop)
     except KeyboardInterrupt:
         return 0 if stop.is_set() else 130
     except MatchError as exc:

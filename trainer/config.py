@@ -188,7 +188,7 @@ class TrainingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
-    """The sampling window (``trainer.replay.WindowConfig``) and the data loader."""
+    """The sampling window (``trainer.loader.WindowConfig``) and the data loader."""
 
     floor: int = _f(250_000, "window floor m: all positions while there are at most m (KataGo: 250k)",
                     min=1)
@@ -534,7 +534,7 @@ def load_effective_config(run_dir: str | os.PathLike) -> TrainConfig:
 
 # --------------------------------------------------------------------------- the sampling window
 # The rule the [replay] keys describe, here without numpy or torch so that `cyzero-train status`
-# reads a run quickly; trainer.replay samples by the same rule (tests/test_report.py checks they agree).
+# reads a run quickly; trainer.loader samples by the same rule (tests/test_report.py checks they agree).
 
 
 def window_size(total: int, *, floor: int, alpha: float = 0.65, beta: float = 0.4) -> int:

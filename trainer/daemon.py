@@ -24,6 +24,7 @@ the device check at start.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import fcntl
 import ipaddress
@@ -44,25 +45,22 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import zmq
 
 from engine.announce import rehost
-from trainer import EXIT_WITH_PARENT_ENV, usable_cores, wire
+from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
-from trainer.config import (
-    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, load_config, load_run_config, named_config_path,
+from trainer.config import TrainConfig, load_config, named_config_path
+from trainer.devices import (
+    NO_LEARNER, check_cuda, learner_devices, learner_ranks, selfplay_devices, usable_core_ids, usable_cores,
 )
 from trainer.report import describe_share, reachable  # the words status uses too (report imports nothing heavy)
+from trainer.rundir import (
+    CONFIG_FILE, DAEMON_FILE, DAEMON_LOCK, EFFECTIVE_CONFIG_FILE, GATING_FILE, GENERATIONS_FILE, LOG_DIR, PGN_DIR,
+    PUBLISHED_FILE, WORKERS_FILE, resolve_config, run_lock,
+)
+from trainer.stop_signals import on_signals
 
-__all__ = ["Daemon", "run_daemon", "check_bind", "LOCK_FILE", "DAEMON_FILE", "WORKERS_FILE",
-           "PUBLISHED_FILE", "GATING_FILE"]
+__all__ = ["Daemon", "run_daemon", "check_bind"]
 
 Log = Callable[[str], Any]
-
-LOCK_FILE = "daemon.lock"
-DAEMON_FILE = "daemon.json"
-WORKERS_FILE = "workers.json"
-PUBLISHED_FILE = "published.jsonl"
-GATING_FILE = "gating.jsonl"
-PGN_DIR = "pgn"
-LOG_DIR = "logs"
 
 WORKERS_EVERY_S = 5.0  # workers.json rewritten this often
 GENERATIONS_EVERY_S = 1.0  # generations.jsonl polled this often
@@ -417,24 +415,6 @@ class _Worker:
 # --------------------------------------------------------------------------- the daemon
 
 
-
-NO_LEARNER = "none"  # daemon.learner_devices for a daemon that starts no learner (one runs elsewhere)
-
-
-def learner_ranks(learner_devices: str) -> dict[str, int]:
-    """The learner's ranks per device: ``cpu:N`` is N ranks on the CPU, ``cuda:0,1`` one rank a GPU,
-    :data:`NO_LEARNER` none here."""
-    from trainer.worker import parse_devices
-
-    text = str(learner_devices).strip().lower()
-    if text == NO_LEARNER:
-        return {}
-    if text == "cpu" or text.startswith("cpu:"):
-        count = text.partition(":")[2]
-        return {"cpu": int(count) if count.isdigit() and int(count) > 0 else 1}
-    return {device: 1 for device in parse_devices(text)}
-
-
 class _RecentIds:
     """The ids of the newest ``limit`` games stored, oldest forgotten first: the duplicate check.
 
@@ -492,10 +472,8 @@ class Daemon:
         self.config = config
         self.config_source = config_source  # the file ``config`` was read from (--config), if any
         d = config.daemon
-        from trainer.worker import parse_devices  # the worker's own reading of --devices
-
         self._devices_flag = "--devices" if devices is not None else "daemon.devices"
-        self.devices = parse_devices(devices if devices is not None else d.devices)
+        self.devices = selfplay_devices(devices if devices is not None else d.devices, self._devices_flag)
         self.workers_per_device = workers_per_device if workers_per_device is not None else d.workers_per_device
         if not isinstance(self.workers_per_device, int) or self.workers_per_device < 0:
             raise ValueError(f"workers per device must be 0 (remote workers only) or more, "
@@ -515,7 +493,7 @@ class Daemon:
             self.ladder_command = ladder_command  # type: ignore[method-assign, assignment]
         self.name = run_name(self.run_dir)
         self.keys_dir = self._keys_dir(d.keys)
-        self._lock_fd: Optional[int] = None
+        self._run_lock: Optional[contextlib.ExitStack] = None  # held from start() to close()
         self._ctx: Optional[zmq.Context] = None
         self._auth: Any = None
         self._router: Any = None
@@ -595,7 +573,7 @@ class Daemon:
         n = self.config.daemon.learner_cores
         if not n or self.remote_learner or "cpu" not in learner_ranks(self.learner_devices):
             return None, None
-        usable = sorted(os.sched_getaffinity(0))
+        usable = usable_core_ids()
         if n >= len(usable):
             raise ValueError(f"daemon.learner_cores = {n} leaves the workers none of the {len(usable)} usable cores")
         return set(usable[-n:]), set(usable[:-n])
@@ -637,8 +615,6 @@ class Daemon:
     def check_devices(self) -> None:
         """ValueError, the line ``learn`` gives, when a self-play or learner device is a GPU this machine
         does not have (self-play GPUs on the stand-in, ``simulate_gpu``, need none)."""
-        from trainer.learner import check_cuda, parse_devices as learner_devices
-
         gpus = [int(device.split(":")[1]) for device in self.devices if device != "cpu"]
         if gpus and not self.simulate_gpu:
             check_cuda(",".join(self.devices), gpus, self._devices_flag)
@@ -662,21 +638,13 @@ class Daemon:
         self._started = True
 
     def _take_lock(self) -> None:
-        path = os.path.join(self.run_dir, LOCK_FILE)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ValueError(f"another daemon is running on {self.run_dir} (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        held = contextlib.ExitStack()
+        held.enter_context(run_lock(self.run_dir, DAEMON_LOCK))
+        self._run_lock = held
 
     def _start(self) -> None:
         from trainer.learner import initialize_run
-        from trainer.replay import ReplayStore
+        from trainer.store import ReplayStore
 
         self._openings = self._resolve_openings()
         self._bind()  # first: a port that is taken stops the start before generation 0 is made
@@ -1046,7 +1014,7 @@ class Daemon:
 
     def _flush(self) -> None:
         """Write the buffered games (one chunk per generation, and another for its games held out for
-        validation: ``trainer.replay.hold_out`` keeps their share at ``replay.val_percent`` from the
+        validation: ``trainer.store.hold_out`` keeps their share at ``replay.val_percent`` from the
         first game on), then their PGNs, then acknowledge them."""
         if not self._buffer:
             return
@@ -1059,7 +1027,7 @@ class Daemon:
         by_generation: dict[int, list[tuple[wire.Game, set[bytes]]]] = {}
         for game, senders in buffered.values():
             by_generation.setdefault(game.generation, []).append((game, senders))
-        from trainer.replay import hold_out
+        from trainer.store import hold_out
 
         acks: dict[bytes, list[str]] = {}
         val_percent = self.config.replay.val_percent
@@ -1161,8 +1129,6 @@ class Daemon:
 
     def _poll_generations(self) -> None:
         """Publish (or queue for gating) each generation the learner exported since the last look."""
-        from trainer.learner import GENERATIONS_FILE
-
         fresh = []
         for record in read_jsonl(os.path.join(self.run_dir, GENERATIONS_FILE)):
             generation, onnx, sha = record.get("generation"), record.get("onnx"), record.get("sha256")
@@ -1331,19 +1297,12 @@ class Daemon:
             if child.proc is not None and child.proc.poll() is None:
                 child.proc.kill()
                 child.proc.wait()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._run_lock is not None:
+            self._run_lock.close()
+            self._run_lock = None
 
 
 # --------------------------------------------------------------------------- entry point
-
-
-def _resolve_config(run_dir: str, config: Optional[str | os.PathLike]) -> TrainConfig:
-    """The config named (a path, or a bundled config's name), else RUN/config.toml, else the defaults."""
-    if config is None:
-        return load_run_config(run_dir)
-    return load_config(named_config_path(config))
 
 
 def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike] = None,
@@ -1367,7 +1326,7 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
         log.echo = display.write
     stop = threading.Event()
     try:
-        resolved = _resolve_config(run_dir, config)
+        resolved = resolve_config(run_dir, config)
         if init_from:
             resolved = resolved.replace(train={"init_from": os.path.abspath(os.path.expanduser(os.fspath(init_from)))})
         if port is not None:
@@ -1385,28 +1344,24 @@ def run_daemon(run_dir: str | os.PathLike, *, config: Optional[str | os.PathLike
     except (ValueError, OSError) as e:
         log(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return 2
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        def on_signal(signum, frame):
-            if stop.is_set():
-                log("second signal: killing the children")
-                daemon.hurry()
-            else:
-                playing = daemon.games_in_play()
-                log(f"{signal.Signals(signum).name}: stopping (a second one kills at once): every finished game is "
-                    f"stored; the {playing:,} game{'s' if playing != 1 else ''} in play here end unfinished and are "
-                    "not kept; the learner writes its checkpoint")
-                stop.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-    try:
-        daemon.serve(stop, tick=display.update if display is not None else None)
-    finally:
-        if display is not None:
-            display.close()
-            log.echo = _print  # type: ignore[attr-defined]
-        daemon.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log("second signal: killing the children")
+            daemon.hurry()
+        else:
+            playing = daemon.games_in_play()
+            log(f"{signal.Signals(signum).name}: stopping (a second one kills at once): every finished game is "
+                f"stored; the {playing:,} game{'s' if playing != 1 else ''} in play here end unfinished and are "
+                "not kept; the learner writes its checkpoint")
+            stop.set()
+
+    with on_signals(on_signal):
+        try:
+            daemon.serve(stop, tick=display.update if display is not None else None)
+        finally:
+            if display is not None:
+                display.close()
+                log.echo = _print  # type: ignore[attr-defined]
+            daemon.stop()
     return 0

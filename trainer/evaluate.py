@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import math
@@ -45,29 +44,27 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
-import numpy as np
-
+from engine.tools import elo
 from engine.tools import match as m
-from trainer import usable_cores
 from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import LadderConfig, ladder_levels
+from trainer.devices import usable_cores
 from trainer.gating import engine_spec
 # torch-free, as status is: evaluating plays the engine and trains nothing
-from trainer.report import (  # noqa: F401 - read_evaluations, read_ratings: one reader each
-    EVALUATION_FILE, GENERATIONS_FILE, RATINGS_FILE, read_evaluations, read_manifest, read_ratings,
+from trainer.rundir import (
+    EVALUATION_FILE, EVALUATION_LOCK, GENERATIONS_FILE, RATINGS_FILE, TENSORBOARD_DIR, read_evaluations, read_manifest,
+    run_lock,
 )
 
-__all__ = ["EVALUATION_FILE", "RATINGS_FILE", "ANCHOR", "evaluate_run", "fit_ratings", "generations_to_evaluate",
-           "random_mover_spec", "read_evaluations", "read_ratings", "exported_generations"]
+__all__ = ["ANCHOR", "evaluate_run", "fit_ratings", "generations_to_evaluate", "random_mover_spec",
+           "exported_generations"]
 
-LOCK_FILE = "evaluation.lock"
 ANCHOR = "random"          # the player fixed at Elo 0
 PRIOR_DRAWS = 1.0          # virtual draws added to each pairing played: a 20-0 stays a finite rating
 FOLLOW_POLL_S = 10.0       # --follow looks for a new generation this often
-Z95 = 1.959964
 
 
 def random_mover_spec(seed: int) -> m.EngineSpec:
@@ -123,10 +120,8 @@ def fit_ratings(results: Iterable[dict], anchor: str = ANCHOR, prior_draws: floa
     """Elo ratings of every player in ``results`` (lines with ``generation``, ``opponent``, ``wins``,
     ``draws``, ``losses``): name -> ``{"elo", "low", "high", "games"}`` (95% interval).
 
-    The logistic model P(a beats b) = 1 / (1 + 10^((Rb - Ra) / 400)), draws as half a point each way,
-    fitted by Newton's method with ``anchor`` fixed at 0 and ``prior_draws`` virtual draws a pairing
-    (BayesElo's prior in its simplest form). The intervals come from the inverse of the likelihood's
-    curvature. A player with no path of games to the anchor is left out."""
+    Fitted by :func:`engine.tools.elo.logistic_ratings` (logistic Elo, ``anchor`` fixed at 0,
+    ``prior_draws`` virtual draws a pairing). A player with no path of games to the anchor is left out."""
     pairs: dict[tuple[str, str], list[float]] = {}
     for r in results:
         a, b = f"gen{r['generation']}", r["opponent"]
@@ -138,55 +133,16 @@ def fit_ratings(results: Iterable[dict], anchor: str = ANCHOR, prior_draws: floa
         entry = pairs.setdefault(key, [0.0, 0.0])
         entry[0] += n
         entry[1] += points if key[0] == a else n - points
-    # the players joined to the anchor by games
-    linked, frontier = {anchor}, [anchor]
-    while frontier:
-        p = frontier.pop()
-        for a, b in pairs:
-            for x, y in ((a, b), (b, a)):
-                if x == p and y not in linked:
-                    linked.add(y)
-                    frontier.append(y)
-    names = sorted(linked - {anchor})
-    if not names:
+    ratings = elo.logistic_ratings(pairs, anchor, prior_draws)
+    if not ratings:
         return {anchor: {"elo": 0.0, "low": 0.0, "high": 0.0, "games": 0}} if any(anchor in k for k in pairs) else {}
-    index = {name: i for i, name in enumerate(names)}
-    k = math.log(10.0) / 400.0
-    edges = [(index.get(a), index.get(b), n + prior_draws, s + prior_draws / 2)
-             for (a, b), (n, s) in pairs.items() if a in linked and b in linked and n > 0]
-    ratings = np.zeros(len(names))
-    hessian = np.eye(len(names)) * 1e-9
-    for _ in range(100):
-        grad = np.zeros(len(names))
-        hessian = np.eye(len(names)) * 1e-9
-        for i, j, n, s in edges:
-            ri = 0.0 if i is None else ratings[i]
-            rj = 0.0 if j is None else ratings[j]
-            p = 1.0 / (1.0 + math.exp(-k * (ri - rj)))
-            g, h = k * (s - n * p), k * k * n * p * (1.0 - p)
-            if i is not None:
-                grad[i] += g
-                hessian[i, i] += h
-            if j is not None:
-                grad[j] -= g
-                hessian[j, j] += h
-            if i is not None and j is not None:
-                hessian[i, j] -= h
-                hessian[j, i] -= h
-        step = np.linalg.solve(hessian, grad)
-        ratings += np.clip(step, -400.0, 400.0)
-        if np.max(np.abs(step)) < 1e-6:
-            break
-    errors = np.sqrt(np.maximum(np.diag(np.linalg.inv(hessian)), 0.0)) * Z95
     games: dict[str, int] = {}
     for (a, b), (n, _) in pairs.items():
         for name in (a, b):
             games[name] = games.get(name, 0) + int(n)
     out = {anchor: {"elo": 0.0, "low": 0.0, "high": 0.0, "games": games.get(anchor, 0)}}
-    for name, i in index.items():
-        elo = float(ratings[i])
-        out[name] = {"elo": elo, "low": elo - float(errors[i]), "high": elo + float(errors[i]),
-                     "games": games.get(name, 0)}
+    for name, (rating, error) in ratings.items():
+        out[name] = {"elo": rating, "low": rating - error, "high": rating + error, "games": games.get(name, 0)}
     return out
 
 
@@ -234,7 +190,7 @@ def _tensorboard(run_dir: str, report: dict, log: Callable[[str], Any]) -> None:
         return  # an engine-only install: ratings.json and elo.png still have it
     newest = report["generations"][-1]
     try:
-        with contextlib.closing(SummaryWriter(os.path.join(run_dir, "tensorboard", "ladder"))) as writer:
+        with contextlib.closing(SummaryWriter(os.path.join(run_dir, TENSORBOARD_DIR, "ladder"))) as writer:
             writer.add_scalar("ladder/elo", newest["elo"], newest["generation"])
             writer.add_scalar("ladder/elo_by_selfplay_games", newest["elo"], newest["selfplay_games"])
     except OSError as e:
@@ -242,20 +198,6 @@ def _tensorboard(run_dir: str, report: dict, log: Callable[[str], Any]) -> None:
 
 
 # --------------------------------------------------------------------------- matches
-
-
-@contextlib.contextmanager
-def _locked(run_dir: str) -> Iterator[None]:
-    """One evaluation per run at a time (two would play the same matches and write both)."""
-    fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"another `cyzero-train evaluate` is running on {run_dir}") from None
-        yield
-    finally:
-        os.close(fd)
 
 
 def _play(engine: m.EngineSpec, opponent: m.EngineSpec, *, games: int, nodes: int, concurrency: int,
@@ -266,7 +208,7 @@ def _play(engine: m.EngineSpec, opponent: m.EngineSpec, *, games: int, nodes: in
         concurrency=concurrency, openings=m.load_openings(), openings_source=str(m.OPENINGS_PATH),
         seed=seed, event="cyzero-train evaluate",
         should_stop=None if stop is None else stop.is_set)
-    quiet = m._QuietInfoLines()
+    quiet = m.QuietInfoLines()
     logger = logging.getLogger("chess.engine")
     logger.addFilter(quiet)
     try:
@@ -283,7 +225,7 @@ def _play(engine: m.EngineSpec, opponent: m.EngineSpec, *, games: int, nodes: in
 
 def _line(generation: int, opponent: str, wdl: list[int], nodes: int) -> dict:
     w, d, l = wdl
-    stats = m.score_stats(w, l, d)
+    stats = elo.score_stats(w, l, d)
     low, high = _number(stats.elo_low), _number(stats.elo_high)
     return {"generation": generation, "opponent": opponent, "wins": w, "draws": d, "losses": l,
             "games": w + d + l, "score": stats.score, "elo": _number(stats.elo),
@@ -383,7 +325,7 @@ def evaluate_run(run_dir: str | os.PathLike, *, every: int = 1, cfg: Optional[La
         raise ValueError(f"no run directory {run_dir}")
     stop = stop or threading.Event()
     written: list[dict] = []
-    with _locked(run_dir):
+    with run_lock(run_dir, EVALUATION_LOCK):  # two would play the same matches and write both
         if not follow:
             targets = generations_to_evaluate(run_dir, every)
             if not targets:

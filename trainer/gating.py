@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from engine.tools import match as m
 from engine.tools.sprt import llr, sprt_bounds, verdict
-from trainer import usable_cores
+from trainer.devices import usable_cores
 from trainer.config import GatingConfig
 
 __all__ = ["GateResult", "decide", "gate"]
@@ -130,7 +130,7 @@ def gate(candidate_path: str, best_path: str, cfg: GatingConfig, log: Callable[[
         on_game=on_game,
         should_stop=None if stop is None else stop.is_set,
     )
-    quiet = m._QuietInfoLines()
+    quiet = m.QuietInfoLines()
     logger = logging.getLogger("chess.engine")
     logger.addFilter(quiet)
     try:

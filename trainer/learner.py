@@ -57,32 +57,26 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from trainer.config import (
-    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig,
-    default_config, from_dict, load_config, model_differences, named_config_path, to_toml,
+    LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig, from_dict, load_config, model_differences,
+    named_config_path, to_toml,
 )
+from trainer.devices import Devices, learner_devices
 from trainer.lifeline import end_with
 from trainer.model import Net, NetConfig, NetOutput, build_net, deepen
-from trainer.report import list_checkpoints  # torch-free, so status lists them too
-from trainer.stop_signals import StopSignals, stop_on_signals
+from trainer.rundir import (
+    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, GENERATIONS_FILE, LEARNER_LOCK, METRICS_FILE, NETWORK_DIR, PROGRESS_FILE,
+    TENSORBOARD_DIR, checkpoint_path, list_checkpoints, network_path, resolve_config, run_lock,
+)
+from trainer.stop_signals import StopSignals, on_signals, stop_on_signals
 
 __all__: Sequence[str] = [
-    "learn", "Devices", "parse_devices", "check_cuda", "net_config", "model_section", "compute_losses",
-    "policy_cross_entropy", "train_step", "evaluate", "lr_at", "make_optimizer", "WeightAverager", "checkpoint_path",
-    "network_path", "list_checkpoints", "load_newest_checkpoint", "CHECKPOINT_DIR", "NETWORK_DIR", "METRICS_FILE",
-    "GENERATIONS_FILE", "TENSORBOARD_DIR", "PROGRESS_FILE", "initialize_run", "newest_generation", "configure_device",
-    "pinned_transfer", "DeviceFeed", "rendezvous_store", "join_group",
+    "learn", "net_config", "model_section", "compute_losses", "policy_cross_entropy", "train_step", "evaluate",
+    "lr_at", "make_optimizer", "WeightAverager", "load_newest_checkpoint", "initialize_run", "newest_generation",
+    "configure_device", "pinned_transfer", "DeviceFeed", "rendezvous_store", "join_group",
 ]
 
-CHECKPOINT_DIR = "checkpoints"
-NETWORK_DIR = "networks"
-METRICS_FILE = "metrics.jsonl"
-GENERATIONS_FILE = "generations.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-#: where the learner is now (rank 0 rewrites it atomically every few seconds): read by ``status``
-PROGRESS_FILE = "learner.json"
-PROGRESS_EVERY_S = 2.0
+PROGRESS_EVERY_S = 2.0  # rank 0 rewrites RUN/learner.json (rundir.PROGRESS_FILE), for ``status``, this often
 RATE_WINDOW_S = 60.0  # learner.json's samples/s: the last minute of training (waits left out)
-LOCK_FILE = "learner.lock"
 CHECKPOINT_FORMAT = 1
 #: Fault injection for the tests: "RANK:STEP" makes that rank exit with code 3 right after that
 #: step, "RANK:STEP:kill" makes it SIGKILL itself there (no cleanup of any kind), and
@@ -100,55 +94,6 @@ def _stderr(line: str) -> None:
 
 def _quiet(line: str) -> None:
     pass
-
-
-# --------------------------------------------------------------------------- devices
-
-
-@dataclasses.dataclass(frozen=True)
-class Devices:
-    """Where the ranks run: ``kind`` "cpu" or "cuda", and one entry per rank (GPU index on CUDA)."""
-
-    kind: str
-    ids: tuple[int, ...]
-
-    @property
-    def world(self) -> int:
-        return len(self.ids)
-
-
-def parse_devices(spec: str, flag: str = "--devices") -> Devices:
-    """``cpu``, ``cpu:N`` (N gloo processes), ``cuda`` (every visible GPU) or ``cuda:0,1`` (nccl);
-    ValueError naming ``flag`` (the option or config key the spec came from)."""
-    text = spec.strip().lower() if isinstance(spec, str) else ""
-    match = re.fullmatch(r"cpu(?::(\d+))?", text)
-    if match:
-        n = int(match.group(1) or 1)
-        if n < 1:
-            raise ValueError(f"{flag} {spec}: need at least one CPU process")
-        return Devices("cpu", tuple(range(n)))
-    match = re.fullmatch(r"cuda(?::(\d+(?:,\d+)*))?", text)
-    if not match:
-        raise ValueError(f"{flag} {spec!r}: expected cpu:N (N processes) or cuda:0,1,... (GPU indices)")
-    ids = tuple(int(i) for i in match.group(1).split(",")) if match.group(1) else None
-    return Devices("cuda", check_cuda(spec, ids, flag))
-
-
-def check_cuda(spec: str, ids: Sequence[int] | None, flag: str = "--devices") -> tuple[int, ...]:
-    """The GPU indices ``ids`` (None: every visible one), checked against this machine's CUDA
-    devices; ValueError, one line naming ``flag`` and ``spec``, when there is no CUDA or no such GPU.
-    ``cyzero-train run`` checks its self-play and learner devices with it before it starts anything."""
-    if not torch.cuda.is_available():
-        raise ValueError(f"{flag} {spec}: no CUDA device here (torch {torch.__version__}, "
-                         f"CUDA build {torch.version.cuda or 'none'})")
-    count = torch.cuda.device_count()
-    ids = tuple(range(count)) if ids is None else tuple(ids)
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{flag} {spec}: a GPU is named twice")
-    missing = [i for i in ids if i >= count]
-    if missing:
-        raise ValueError(f"{flag} {spec}: no GPU {missing[0]} (this machine has {count})")
-    return ids
 
 
 def net_config(config: TrainConfig) -> NetConfig:
@@ -534,14 +479,6 @@ class WeightAverager:
 # --------------------------------------------------------------------------- run files
 
 
-def checkpoint_path(run_dir: str | os.PathLike, step: int) -> str:
-    return os.path.join(os.fspath(run_dir), CHECKPOINT_DIR, f"step-{step:08d}.pt")
-
-
-def network_path(run_dir: str | os.PathLike, generation: int) -> str:
-    return os.path.join(os.fspath(run_dir), NETWORK_DIR, f"gen-{generation:05d}.onnx")
-
-
 _CHECKPOINT_KEYS = ("format", "step", "generation", "config", "train_config", "model", "optimizer", "sampler")
 
 
@@ -567,26 +504,6 @@ def load_newest_checkpoint(run_dir: str | os.PathLike, log: Log = _stderr) -> tu
         except ValueError as exc:
             log(f"learner: skipping damaged checkpoint {path}: {exc}")
     return None
-
-
-@contextlib.contextmanager
-def _run_lock(run_dir: str):
-    """One learner per run: an exclusive flock on RUN/learner.lock (released when the process dies)."""
-    import fcntl
-
-    path = os.path.join(run_dir, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise ValueError(f"another learner is running on {run_dir} (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- the training loop
@@ -690,7 +607,8 @@ class _Learner:
             self.model = DistributedDataParallel(
                 self.net, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
-        from trainer.replay import ReplaySampler, ReplayStore
+        from trainer.loader import ReplaySampler
+        from trainer.store import ReplayStore
 
         self.window = self.cfg.replay
         self.store = ReplayStore(self.run_dir, self.cfg.model.input_format)
@@ -754,7 +672,8 @@ class _Learner:
         """Positions to calibrate a folded file's batch norms on: the run's held-out ones, else
         positions from random games."""
         if self.cfg.replay.validation_positions > 0:
-            from trainer.replay import ReplayStore, validation_batch
+            from trainer.loader import validation_batch
+            from trainer.store import ReplayStore
 
             batch = validation_batch(ReplayStore(self.run_dir, self.cfg.model.input_format), self.cfg.replay,
                                      self.cfg.replay.validation_positions, seed=self.cfg.train.seed)
@@ -940,7 +859,7 @@ class _Learner:
         if self.val_batch is not None and len(self.val_batch.planes) < wanted:
             self.val_batch = None
         if self.val_batch is None and wanted > 0:
-            from trainer.replay import validation_batch
+            from trainer.loader import validation_batch
 
             self.val_batch = validation_batch(self.store, self.window, self.cfg.replay.validation_positions,
                                               seed=self.cfg.train.seed)
@@ -948,7 +867,7 @@ class _Learner:
 
     def _next_batch(self):
         """The rank's slice of the next global batch on the device, or None to stop (data starved)."""
-        from trainer.replay import DataStarved, ReplayLoader
+        from trainer.loader import DataStarved, ReplayLoader
 
         if self.loader is None:  # it follows the sampler: a new snapshot restarts its workers
             self.loader = ReplayLoader(self.store, self.sampler, rank=self.rank, world=self.world,
@@ -1437,12 +1356,9 @@ def _forward_stop(processes: Sequence):
     """The spawning parent's SIGTERM or SIGINT becomes one SIGTERM to each rank (which stop
     together after a step, with a checkpoint); a second signal (:class:`~trainer.stop_signals.StopSignals`)
     interrupts the parent, whose ``spawn`` context then kills the ranks."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     signals_seen = StopSignals()
 
-    def handler(signum, frame):
+    def handler(signum: int) -> None:
         if not signals_seen.is_first():
             return
         for process in processes:
@@ -1450,29 +1366,14 @@ def _forward_stop(processes: Sequence):
                 with contextlib.suppress(OSError):
                     os.kill(process.pid, signal.SIGTERM)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_signals(handler):
         yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
 
 
 def _forward(lines, log: Log) -> None:
     """The parent's end of the ranks' log queue (None ends it)."""
     while (line := lines.get()) is not None:
         log(line)
-
-
-def _resolve_config(run_dir: str, config_path: str | os.PathLike | None) -> TrainConfig:
-    """The run's config: ``config_path`` (a path or a bundled config's name) if given, else
-    RUN/config.toml, else the defaults."""
-    run_file = os.path.join(run_dir, CONFIG_FILE)
-    if config_path is not None:
-        return load_config(named_config_path(config_path))
-    if os.path.exists(run_file):
-        return load_config(run_file)
-    return default_config()
 
 
 def _write_run_config(run_dir: str, config: TrainConfig, config_path: str | os.PathLike | None, log: Log) -> None:
@@ -1516,7 +1417,7 @@ def _prepare(run_dir: str, config_path, devices_world: int, lead: bool, log: Log
     if not lead:
         log = _quiet
     if config is None:
-        config = _resolve_config(run_dir, config_path)
+        config = resolve_config(run_dir, config_path)
     if init_from:
         config = config.replace(train={"init_from": os.path.abspath(os.path.expanduser(os.fspath(init_from)))})
     if config.train.batch_size % devices_world:
@@ -1605,7 +1506,7 @@ def initialize_run(run_dir: str | os.PathLike, *, config_path: str | os.PathLike
     log = log or _stderr
     run_dir = os.path.abspath(os.fspath(run_dir))
     os.makedirs(run_dir, exist_ok=True)
-    with _run_lock(run_dir):
+    with run_lock(run_dir, LEARNER_LOCK):
         config, checkpoint = _prepare(run_dir, config_path, 1, True, log, config)
         newest = newest_generation(run_dir)
         if checkpoint is None and newest is None:
@@ -1630,7 +1531,7 @@ def learn(
 ) -> int:
     """Train the run in ``run_dir``; returns the exit code (0: done or out of data).
 
-    ``devices``: ``cpu:N`` or ``cuda:0,1,...`` (see :func:`parse_devices`); ignored but for its
+    ``devices``: ``cpu:N`` or ``cuda:0,1,...`` (see :func:`trainer.devices.learner_devices`); ignored but for its
     kind under torchrun. ``steps``: the step to stop at, counted from the run's start (None:
     until the data runs out, or forever with ``follow``). ``config_path``: a TOML config
     (default RUN/config.toml, else the defaults). ``follow``: wait for new data when the
@@ -1654,13 +1555,13 @@ def learn(
                 parsed = Devices("cuda" if devices.strip().lower().startswith("cuda") else "cpu", ())
                 rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
             else:
-                parsed = parse_devices(devices)
+                parsed = learner_devices(devices)
                 rank, world, local = 0, parsed.world, 0
             if config_path is not None:
                 load_config(named_config_path(config_path))  # a bad --config creates nothing
             os.makedirs(run_dir, exist_ok=True)
             if rank == 0:
-                stack.enter_context(_run_lock(run_dir))
+                stack.enter_context(run_lock(run_dir, LEARNER_LOCK))
             config, checkpoint = _prepare(run_dir, config_path, world, rank == 0, log,
                                           init_from=os.fspath(init_from) if init_from else None)
             if checkpoint is None and config.train.init_from and not torchrun and newest_generation(run_dir) is None:

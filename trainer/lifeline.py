@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from trainer.report import pid_alive
+from trainer.rundir import pid_alive
 
 
 class Watched:

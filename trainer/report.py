@@ -1,17 +1,12 @@
 """What a person reads about a run: ``cyzero-train status RUN`` and ``cyzero-train plot RUN``.
 
-Both only read what the learner, the replay store and the daemon wrote
-(``learner.json``, ``metrics.jsonl``, ``generations.jsonl``, the replay manifest, the
-checkpoint folder, ``config.effective.toml``; ``daemon.json``, ``workers.json``,
-``published.jsonl``, ``gating.jsonl``; ``evaluation.jsonl`` from ``cyzero-train evaluate``),
-so they work while a run is going and never disturb it. Every one of them is
-optional (a learner-only run has no daemon files), and another process may be
-writing them: a torn or garbled line or file is skipped, never an error. The run
-directory's layout is described in ``docs/training.md``.
+Both only read what the learner, the replay store, the daemon and the ladder wrote, through
+:mod:`trainer.rundir` (the run folder's names and readers), so they work while a run is going
+and never disturb it. Every file is optional (a learner-only run has no daemon files), and
+another process may be writing them: a torn or garbled line or file is skipped, never an error.
 
 ``status`` answers at once: this module imports neither torch nor numpy nor the engine
-(the file names and the window's rule come from :mod:`trainer.config`, which has no
-dependencies; tests/test_report.py checks they are the writers' own), reads the manifest
+(:mod:`trainer.rundir` and :mod:`trainer.config` have no dependencies), reads the manifest
 without the game ids of its lines, and the logs from their ends. ``plot`` imports
 matplotlib when it draws.
 """
@@ -19,58 +14,24 @@ matplotlib when it draws.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from engine.announce import is_wildcard, rehost
-from trainer.atomic import atomic_open, json_objects
-from trainer.config import (
-    CONFIG_FILE, EFFECTIVE_CONFIG_FILE, TrainConfig, is_validation, load_effective_config, window_size,
-)
-from trainer.estimate import RATE_SPAN_S, learner_rate, next_generation, selfplay_speed  # noqa: F401 - RATE_SPAN_S re-exported
+from trainer.atomic import atomic_open
+from trainer.config import TrainConfig, is_validation, load_effective_config, window_size
+from trainer.estimate import learner_rate, next_generation, selfplay_speed
 from trainer.estimate import duration as _duration
-
-# The run directory's files, as their writers name them (trainer.learner, trainer.daemon,
-# trainer.evaluate, trainer.replay): not imported from there, since those modules import torch
-# or the engine. tests/test_report.py checks each against its writer's constant.
-METRICS_FILE = "metrics.jsonl"
-GENERATIONS_FILE = "generations.jsonl"
-PROGRESS_FILE = "learner.json"
-CHECKPOINT_DIR = "checkpoints"
-NETWORK_DIR = "networks"
-DAEMON_FILE = "daemon.json"
-WORKERS_FILE = "workers.json"
-PUBLISHED_FILE = "published.jsonl"
-GATING_FILE = "gating.jsonl"
-EVALUATION_FILE = "evaluation.jsonl"
-MANIFEST = os.path.join("replay", "manifest.jsonl")
-OPPONENT = re.compile(r"random|gen\d+|sf-skill\d+")  # the ladder's players (trainer.evaluate)
-RATINGS_FILE = "ratings.json"
-
-#: What makes a folder a run directory: any one of these (a run that only has its config counts).
-RUN_MARKERS = (CONFIG_FILE, EFFECTIVE_CONFIG_FILE, MANIFEST, CHECKPOINT_DIR, NETWORK_DIR, METRICS_FILE,
-               GENERATIONS_FILE, PROGRESS_FILE, "learner.lock", DAEMON_FILE, "daemon.lock", WORKERS_FILE,
-               PUBLISHED_FILE, GATING_FILE, EVALUATION_FILE, RATINGS_FILE)
-
-
-def check_run_dir(run_dir: str | os.PathLike) -> str:
-    """``run_dir`` as a string; ValueError "... is not a run directory" for a folder that does
-    not exist or holds none of a run's files (so ``status /tmp`` does not show an empty run)."""
-    run_dir = os.fspath(run_dir)
-    if not os.path.isdir(run_dir):
-        raise ValueError(f"{run_dir} is not a run directory: there is no such folder")
-    if not any(os.path.exists(os.path.join(run_dir, name)) for name in RUN_MARKERS):
-        raise ValueError(f"{run_dir} is not a run directory: it holds none of a run's files ({CONFIG_FILE}, "
-                         f"{MANIFEST}, {CHECKPOINT_DIR}/, {METRICS_FILE}, {DAEMON_FILE}, ...); "
-                         "`cyzero-train run RUN` or `cyzero-train bootstrap RUN ...` makes one")
-    return run_dir
-
+from trainer.rundir import (
+    DAEMON_FILE, GATING_FILE, GENERATIONS_FILE, METRICS_FILE, PROGRESS_FILE, PUBLISHED_FILE, WORKERS_FILE, Chunk,
+    as_int, as_number, as_text, check_run_dir, list_checkpoints, process_runs, read_evaluations, read_json_object,
+    read_log, read_log_tail, read_manifest, read_ratings,
+)
 
 # --------------------------------------------------------------------------- small readers
 
@@ -89,221 +50,6 @@ def _number(value: Any) -> str:
     return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _lines(path: str) -> list[dict]:
-    """The JSON objects of a log (a torn or garbled line skipped; nothing for a missing file)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return []
-    return json_objects(data.split(b"\n"))
-
-
-def _last_lines(path: str, n: int = 2, tail: int = 1 << 16) -> list[dict]:
-    """The last ``n`` JSON objects of an append-only log, read from its end (a long log costs
-    nothing more); fewer when the log has fewer."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            while True:
-                start = max(0, size - tail)
-                f.seek(start)
-                data = f.read(size - start)
-                lines = data.split(b"\n")
-                if start > 0:
-                    lines = lines[1:]  # the first may be the end of a line cut by the seek
-                found = json_objects(lines)
-                if len(found) >= n or start == 0:
-                    return found[-n:]
-                tail *= 4
-    except OSError:
-        return []
-
-
-def _read_json(path: str) -> dict | None:
-    """A JSON object file, or None when it is missing, unreadable or not an object (a reader never
-    fails on what a writer left)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _num(value: Any) -> int | float | None:
-    """A finite number, or None (so a garbled field shows as unknown and ``--json`` stays valid JSON)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-class Chunk(NamedTuple):
-    """One live chunk of the replay manifest (what ``status`` and ``plot`` need of it)."""
-
-    name: str
-    positions: int
-    games: int
-    generation: int
-    source: str
-    time: float
-
-
-_GAME_IDS = b',"game_ids":'
-
-
-def read_manifest(run_dir: str) -> list[Chunk]:
-    """The live chunks of RUN/replay/manifest.jsonl, oldest first, as trainer.replay replays the
-    log (an ``add`` line adds a chunk once, a ``prune`` line removes names; a torn or malformed
-    line is skipped). A self-play line ends with its game ids, most of its bytes: they are cut off
-    before the line is parsed (the whole line is parsed when that does not give valid JSON)."""
-    try:
-        with open(os.path.join(run_dir, MANIFEST), "rb") as f:
-            data = f.read()
-    except OSError:
-        return []
-    live: dict[str, Chunk] = {}
-    for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
-        if not line.strip():
-            continue
-        cut = line.find(_GAME_IDS)
-        try:
-            obj = json.loads(line[:cut] + b"}" if cut > 0 else line)
-        except ValueError:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("op") == "add":
-            name, positions, games = obj.get("name"), _int(obj.get("positions")), _int(obj.get("games"))
-            generation, source, when = _int(obj.get("generation")), obj.get("source"), _num(obj.get("time"))
-            if (isinstance(name, str) and isinstance(source, str) and positions and positions > 0
-                    and games is not None and generation is not None and when is not None):
-                live.setdefault(name, Chunk(name, positions, games, generation, source, float(when)))
-        elif obj.get("op") == "prune" and isinstance(obj.get("names"), list):
-            for name in obj["names"]:
-                live.pop(str(name), None)
-    return list(live.values())
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, str]]:
-    """``(step, path)`` of every ``checkpoints/step-XXXXXXXX.pt``, oldest first (the learner's too)."""
-    folder = os.path.join(os.fspath(run_dir), CHECKPOINT_DIR)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = re.fullmatch(r"step-(\d{8,})\.pt", name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(folder, name)))
-    return sorted(found)
-
-
-def read_evaluations(run_dir: str) -> list[dict]:
-    """The well-formed lines of ``RUN/evaluation.jsonl``, in file order: a torn, garbled or
-    incomplete line is skipped (another process may be appending); numbers that are not finite
-    read as None. (``trainer.evaluate`` writes them and reads them back with this.)"""
-    rows = []
-    for r in _lines(os.path.join(run_dir, EVALUATION_FILE)):
-        row = {"generation": _int(r.get("generation")), "opponent": r.get("opponent"),
-               **{k: _int(r.get(k)) for k in ("wins", "draws", "losses", "games", "nodes")},
-               **{k: (None if _num(r.get(k)) is None else r[k] + 0.0) for k in ("score", "elo", "elo_error", "time")}}
-        if (row["generation"] is None or not isinstance(row["opponent"], str)
-                or not OPPONENT.fullmatch(row["opponent"]) or row["nodes"] is None
-                or None in (row["wins"], row["draws"], row["losses"], row["games"])):
-            continue
-        rows.append(row)
-    return rows
-
-
-def read_ratings(run_dir: str) -> dict | None:
-    """``RUN/ratings.json`` (the ladder's fit, trainer.evaluate.write_ratings) with its generations'
-    fields checked; None when absent or unreadable."""
-    data = _read_json(os.path.join(run_dir, RATINGS_FILE))
-    if not isinstance(data, dict) or not isinstance(data.get("generations"), list):
-        return None
-    keys = ("elo", "low", "high", "hours")
-    curve = []
-    for row in data["generations"]:
-        if isinstance(row, dict) and _int(row.get("generation")) is not None and _num(row.get("elo")) is not None:
-            curve.append({"generation": row["generation"], **{k: _num(row.get(k)) for k in keys},
-                          "games": _int(row.get("games")), "selfplay_games": _int(row.get("selfplay_games"))})
-    players = data.get("players") if isinstance(data.get("players"), dict) else {}
-    anchors = {name: {k: _num(p.get(k)) for k in ("elo", "low", "high")} for name, p in players.items()
-               if isinstance(p, dict) and _num(p.get("elo")) is not None and not re.fullmatch(r"gen\d+", name)}
-    return {"nodes": _int(data.get("nodes")), "time": _num(data.get("time")), "generations": curve,
-            "anchors": anchors}
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def pid_alive(pid: Any) -> bool | None:
-    """Whether process ``pid`` exists on this machine (None: not a pid)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    except OSError:
-        return None
-    return True
-
-
-_CLI_NAMES = ("cyzero-train", "trainer.cli", "cli.py")
-
-
-def process_runs(pid: Any, command: str, run_dir: str) -> bool | None:
-    """Whether process ``pid`` is ``cyzero-train COMMAND RUN`` (or ``python -m trainer.cli COMMAND
-    RUN``) on this run directory, not another process that got the pid after the one recorded
-    ended: its command line (``/proc/PID/cmdline``) is read, and a relative RUN is taken from its
-    working directory. None: ``pid`` is not a pid. Without /proc (not Linux), whether it exists."""
-    alive = pid_alive(pid)
-    if not alive or not os.path.isdir("/proc/self"):
-        return alive
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except FileNotFoundError:
-        return False  # it ended meanwhile
-    except OSError:
-        return alive
-    try:
-        cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        cwd = None
-    target = os.path.realpath(run_dir)
-    for i, arg in enumerate(args):
-        if arg in _CLI_NAMES or os.path.basename(arg) in _CLI_NAMES[:1] or arg.endswith("/trainer/cli.py"):
-            rest = args[i + 1:]
-            if command not in rest:
-                continue
-            for candidate in rest[rest.index(command) + 1:]:
-                if candidate.startswith("-"):
-                    continue
-                if os.path.isabs(candidate) or cwd is not None:
-                    if os.path.realpath(os.path.join(cwd or "/", candidate)) == target:
-                        return True
-                elif os.path.basename(os.path.normpath(candidate)) == os.path.basename(target):
-                    return True  # its working directory is not ours to read: the folder's name must do
-    return False
-
-
 # --------------------------------------------------------------------------- status
 
 
@@ -316,8 +62,8 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None) -> dict:
     chunks = read_manifest(run_dir)
     daemon_part = _daemon_status(run_dir)
     checkpoints = list_checkpoints(run_dir)
-    generations = _last_lines(os.path.join(run_dir, GENERATIONS_FILE), 2)
-    metrics = _last_lines(os.path.join(run_dir, METRICS_FILE), 1)
+    generations = read_log_tail(os.path.join(run_dir, GENERATIONS_FILE), 2)
+    metrics = read_log_tail(os.path.join(run_dir, METRICS_FILE), 1)
     checkpoint = None
     if checkpoints:
         try:
@@ -393,17 +139,17 @@ def _data_status(chunks: list[Chunk], config: TrainConfig) -> dict:
 def _learner_status(run_dir: str) -> dict | None:
     """RUN/learner.json with every field checked, and ``running``: whether the process that wrote it
     is still the run's learner (None: the file is missing or garbled)."""
-    record = _read_json(os.path.join(run_dir, PROGRESS_FILE))
-    if record is None or _int(record.get("step")) is None:
+    record = read_json_object(os.path.join(run_dir, PROGRESS_FILE))
+    if record is None or as_int(record.get("step")) is None:
         return None
-    out: dict[str, Any] = {key: _num(record.get(key)) for key in (
+    out: dict[str, Any] = {key: as_number(record.get(key)) for key in (
         "pid", "started", "time", "step", "target_step", "generation", "checkpoint_step", "checkpoint_every",
         "next_generation_step", "batch_size", "world", "samples_per_s", "rate_steps", "window_positions",
         "training_positions", "loader_samples_per_s", "loader_wait_share",
         "samples_drawn", "max_samples_per_position", "batches_available", "waiting_since", "waited_s")}
     state = record.get("state")
     out["state"] = state if state in ("training", "waiting", "exporting", "stopped") else None
-    out["device"] = _text(record.get("device"))
+    out["device"] = as_text(record.get("device"))
     out["follow"] = record.get("follow") is True
     out["running"] = False if out["state"] == "stopped" else process_runs(out["pid"], "learn", run_dir)
     return out
@@ -422,14 +168,14 @@ def _newest_evaluation(run_dir: str) -> list[dict] | None:
 def _worker(record: dict) -> dict:
     devices = record.get("devices")
     return {
-        "id": _text(record.get("id")) or "?",
-        "host": _text(record.get("host")),
-        "pid": _num(record.get("pid")),
+        "id": as_text(record.get("id")) or "?",
+        "host": as_text(record.get("host")),
+        "pid": as_number(record.get("pid")),
         "devices": devices if isinstance(devices, str) else
         ",".join(d for d in devices if isinstance(d, str)) if isinstance(devices, list) else None,
         "local": record.get("local") is True,
         "alive": record.get("alive") is True,
-        **{key: _num(record.get(key)) for key in ("last_seen", "generation", "playing", "positions_per_s",
+        **{key: as_number(record.get(key)) for key in ("last_seen", "generation", "playing", "positions_per_s",
                                                   "games", "positions", "games_per_hour", "restarts",
                                                   "started")},
     }
@@ -447,41 +193,41 @@ def _daemon_status(run_dir: str) -> dict:
     """``daemon``, ``workers``, ``published`` and ``gating``: each None when its file is absent or
     unreadable. The daemon counts as running only when its pid is still ``cyzero-train run`` on
     this run (a pid may have been reused since)."""
-    daemon_file = _read_json(os.path.join(run_dir, DAEMON_FILE))
+    daemon_file = read_json_object(os.path.join(run_dir, DAEMON_FILE))
     daemon = None
     if daemon_file is not None:
-        daemon = {"pid": _num(daemon_file.get("pid")), "alive": process_runs(daemon_file.get("pid"), "run", run_dir),
-                  "started": _num(daemon_file.get("started")), "run": _text(daemon_file.get("run")),
+        daemon = {"pid": as_number(daemon_file.get("pid")), "alive": process_runs(daemon_file.get("pid"), "run", run_dir),
+                  "started": as_number(daemon_file.get("started")), "run": as_text(daemon_file.get("run")),
                   "keys": daemon_file.get("keys") is True}
         listed = daemon_file.get("addresses")
         addresses = [a for a in listed if isinstance(a, str) and a] if isinstance(listed, list) else []
         for key in ("endpoint", "publish", "fetch"):  # as a remote machine dials them, never 0.0.0.0 or *
-            bound = _text(daemon_file.get(key))
+            bound = as_text(daemon_file.get(key))
             daemon[key] = " or ".join(reachable(bound, addresses)[:2]) if bound else bound
-    workers = _read_json(os.path.join(run_dir, WORKERS_FILE))
+    workers = read_json_object(os.path.join(run_dir, WORKERS_FILE))
     if workers is not None:
         rows = workers.get("workers")
         rows = [_worker(r) for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
         alive = [w for w in rows if w["alive"]]
         learner = workers.get("learner")
-        learner = ({"pid": _num(learner.get("pid")), "alive": learner.get("alive") is True,
-                    "devices": _text(learner.get("devices")), "restarts": _num(learner.get("restarts")),
-                    "started": _num(learner.get("started"))} if isinstance(learner, dict) else None)
+        learner = ({"pid": as_number(learner.get("pid")), "alive": learner.get("alive") is True,
+                    "devices": as_text(learner.get("devices")), "restarts": as_number(learner.get("restarts")),
+                    "started": as_number(learner.get("started"))} if isinstance(learner, dict) else None)
         devices = workers.get("devices")
         workers = {
             "learner": learner,
             "devices": {str(k): v for k, v in devices.items() if isinstance(v, dict)}
             if isinstance(devices, dict) else {},
-            "time": _num(workers.get("time")), "generation": _num(workers.get("generation")),
-            "games": _num(workers.get("games")), "positions": _num(workers.get("positions")),
+            "time": as_number(workers.get("time")), "generation": as_number(workers.get("generation")),
+            "games": as_number(workers.get("games")), "positions": as_number(workers.get("positions")),
             "workers": rows,
             "total": {"alive": len(alive), "known": len(rows),
                       "games": sum(w["games"] or 0 for w in rows),
                       "restarts": sum(w["restarts"] or 0 for w in rows)},
         }
-    published = [r for r in _last_lines(os.path.join(run_dir, PUBLISHED_FILE), 1)
-                 if _num(r.get("generation")) is not None]
-    gating = [_gate(r) for r in _lines(os.path.join(run_dir, GATING_FILE)) if _num(r.get("generation")) is not None]
+    published = [r for r in read_log_tail(os.path.join(run_dir, PUBLISHED_FILE), 1)
+                 if as_number(r.get("generation")) is not None]
+    gating = [_gate(r) for r in read_log(os.path.join(run_dir, GATING_FILE)) if as_number(r.get("generation")) is not None]
     return {"daemon": daemon, "workers": workers,
             "published": published[-1] if published else None,
             "gating": gating[-1] if gating else None}
@@ -489,9 +235,9 @@ def _daemon_status(run_dir: str) -> dict:
 
 def _gate(record: dict) -> dict:
     """One gating.jsonl line with every number checked (non-finite or garbled: None)."""
-    return {**{key: _num(record.get(key)) for key in ("generation", "best", "wins", "draws", "losses", "games",
+    return {**{key: as_number(record.get(key)) for key in ("generation", "best", "wins", "draws", "losses", "games",
                                                       "llr", "lower", "upper", "elo", "elo_error", "time")},
-            "accepted": record.get("accepted") is True, "reason": _text(record.get("reason"))}
+            "accepted": record.get("accepted") is True, "reason": as_text(record.get("reason"))}
 
 
 def _numeric_items(record: dict, skip: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -774,7 +520,7 @@ def _format_daemon(status: dict, now: float) -> list[str]:
         when = published.get("time")
         lines.append(f"  published   generation {published['generation']} ({published.get('onnx', '?')}"
                      + (", gated" if published.get("gated") is True else "")
-                     + (f", {_ago(now - when)})" if _num(when) is not None else ")"))
+                     + (f", {_ago(now - when)})" if as_number(when) is not None else ")"))
     gate = status.get("gating")
     if gate:
         verdict = "accepted" if gate["accepted"] else "rejected"
@@ -837,9 +583,9 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
     directory, or nothing to draw yet."""
     run_dir = check_run_dir(run_dir)
     out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(run_dir, "plots")
-    rows = [r for r in _lines(os.path.join(run_dir, METRICS_FILE)) if _num(r.get("step")) is not None]
+    rows = [r for r in read_log(os.path.join(run_dir, METRICS_FILE)) if as_number(r.get("step")) is not None]
     chunks = read_manifest(run_dir)
-    gates = [g for g in (_gate(r) for r in _lines(os.path.join(run_dir, GATING_FILE)))
+    gates = [g for g in (_gate(r) for r in read_log(os.path.join(run_dir, GATING_FILE)))
              if g["generation"] is not None and g["elo"] is not None]
     ratings = read_ratings(run_dir)
     if ratings is not None and not ratings["generations"]:
@@ -859,8 +605,8 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
                 series.setdefault(key, []).append((row["step"], value))
     if rows:  # the generation exported at each step: generations.jsonl says (a log line at a checkpoint's
         exported = {}  # step is written just before that step's export, so it still names the one before)
-        for r in _lines(os.path.join(run_dir, GENERATIONS_FILE)):
-            if _int(r.get("generation")) is not None and _int(r.get("step")) is not None:
+        for r in read_log(os.path.join(run_dir, GENERATIONS_FILE)):
+            if as_int(r.get("generation")) is not None and as_int(r.get("step")) is not None:
                 exported[r["generation"]] = r["step"]
         if exported:
             series["generation"] = sorted((step, generation) for generation, step in exported.items())
@@ -1157,5 +903,5 @@ def _elo_chart(plt, ratings: dict, title: str):
     return fig
 
 
-__all__ = ["run_status", "format_status", "describe_selfplay", "describe_next_generation", "plot_run", "check_run_dir", "read_manifest", "process_runs", "pid_alive",
-           "describe_share", "RUN_MARKERS"]
+__all__ = ["run_status", "format_status", "describe_selfplay", "describe_next_generation", "describe_share",
+           "plot_run"]

@@ -1,6 +1,6 @@
-"""SIGTERM and SIGINT as a request to stop cleanly, shared by the learner's ranks and the
-labelling (torch-free): the first signal sets an event, so the work ends at its next safe
-point (a step with its checkpoint, a committed game); a later one interrupts at once."""
+"""SIGTERM and SIGINT as a request to stop cleanly, the one place every command of the trainer
+turns them into a stop (torch-free): the first signal sets an event, so the work ends at its next
+safe point (a step with its checkpoint, a committed game); a later one interrupts at once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+#: The signals that ask a process to stop: systemd's and ``kill``'s, and Ctrl-C.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 #: A stop signal this soon after the first is the same stop delivered twice: a signal to the
 #: whole process group (``timeout``, ``kill -- -PGID``, systemd) reaches the learner's spawning
@@ -35,22 +38,34 @@ class StopSignals:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event,
-                    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """``signals`` set ``stop`` instead of killing the process; a second one interrupts at once
-    (:class:`StopSignals`). Only in the main thread (a test may run the work from another)."""
+def on_signals(handler: Callable[[int], object],
+               signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """``handler(signum)`` runs for each of ``signals`` until the block ends, then the old handlers
+    are back. Only in the main thread, where alone Python sets handlers (a test may run the work
+    from another)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals_seen = StopSignals()
-
-    def handler(signum, frame):
-        signals_seen.is_first()
-        stop.set()
-
-    old = {sig: signal.signal(sig, handler) for sig in signals}
+    old = {sig: signal.signal(sig, lambda signum, frame: handler(signum)) for sig in signals}
     try:
         yield
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event, signals: tuple[int, ...] = STOP_SIGNALS, *,
+                    interrupt_again: bool = True) -> Iterator[None]:
+    """``signals`` set ``stop`` instead of killing the process; with ``interrupt_again`` a second
+    one interrupts at once (:class:`StopSignals`), without it the work's own stop is the only one
+    (a worker, the ladder: what they hold is safe as soon as they stop)."""
+    signals_seen = StopSignals()
+
+    def handler(signum: int) -> None:
+        if interrupt_again:
+            signals_seen.is_first()
+        stop.set()
+
+    with on_signals(handler, signals):
+        yield

@@ -52,10 +52,12 @@ from engine.network_manager import NetworkManager
 from engine.swap import Proposal
 from engine.watchers import RateLimit, peer_endpoint, validate_endpoint
 from trainer import wire
+from trainer.devices import selfplay_devices
 from trainer.selfplay import FinishedGame, SelfPlay, settings_from_config, worker_max_batch
+from trainer.stop_signals import stop_on_signals
 
 __all__ = ["HEARTBEAT_S", "MAX_UNACKED_BYTES", "MAX_UNACKED_GAMES", "REGISTER_S", "RESEND_S", "STOP_WAIT_S",
-           "Worker", "configure_dealer", "parse_devices", "run_workers"]
+           "Worker", "configure_dealer", "run_workers"]
 
 REGISTER_S = 5.0      # Register is resent this often until Registered
 HEARTBEAT_S = 2.0     # a Heartbeat this often
@@ -74,24 +76,6 @@ RECONNECT_MAX_S = 2.0
 _RETRY_S = 0.2        # a send refused for want of a connection is tried again this soon
 _POLL_MS = 50
 _ID_BAD = re.compile(r"[^A-Za-z0-9._:-]")
-
-
-def parse_devices(devices: str) -> list[str]:
-    """``cpu``, ``cuda``, ``cuda:0,1`` or ``cuda:0,cuda:1`` as a list of ``cpu`` / ``cuda:N``; ValueError otherwise."""
-    out: list[str] = []
-    for part in (p.strip().lower() for p in str(devices).split(",")):
-        match = re.fullmatch(r"cuda(?::(\d+))?", part)
-        if part == "cpu":
-            out.append("cpu")
-        elif match is not None:
-            out.append(f"cuda:{int(match.group(1) or 0)}")
-        elif part.isdigit() and out and out[-1].startswith("cuda"):  # cuda:0,1
-            out.append(f"cuda:{int(part)}")
-        else:
-            raise ValueError(f"bad --devices {devices!r}: expected cpu or cuda:0,1,...")
-    if len(set(out)) != len(out):
-        raise ValueError(f"bad --devices {devices!r}: a device named twice")
-    return out
 
 
 def default_name() -> str:
@@ -436,7 +420,7 @@ class Worker:
                  context: Any = None, simulate_gpu: bool = False, max_unacked_games: int = MAX_UNACKED_GAMES,
                  max_unacked_bytes: int = MAX_UNACKED_BYTES) -> None:
         self.connect = validate_endpoint(connect, "--connect")
-        (self.device,) = parse_devices(device)
+        (self.device,) = selfplay_devices(device)
         self.name = name or default_name()
         if _ID_BAD.search(self.name) or not 1 <= len(self.name) <= 128:
             raise ValueError(f"--name {self.name!r}: use 1-128 letters, digits, '.', '_', ':' or '-'")
@@ -574,16 +558,6 @@ class Worker:
 # --------------------------------------------------------------------------- the command
 
 
-def _install_signals(stop: threading.Event) -> dict:
-    """SIGTERM and SIGINT set ``stop`` (main thread only); returns the old handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    old = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        old[sig] = signal.signal(sig, lambda *_: stop.set())
-    return old
-
-
 def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu", name: Optional[str] = None,
                 games: Optional[int] = None, threads: Optional[int] = None,
                 log: Optional[Callable[[str], object]] = None, simulate_gpu: bool = False) -> int:
@@ -594,7 +568,7 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
     """
     out = log or _stderr
     try:
-        device_list = parse_devices(devices)
+        device_list = selfplay_devices(devices)
         validate_endpoint(connect, "--connect")
     except ValueError as e:
         out(f"cyzero-train worker: {e}")
@@ -602,17 +576,14 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
     base = name or default_name()
     if len(device_list) == 1:
         stop = threading.Event()
-        old = _install_signals(stop)
-        try:
-            worker = Worker(connect, keys=keys, device=device_list[0], name=base, games=games, threads=threads,
-                            log=log, stop=stop, simulate_gpu=simulate_gpu)
-            return worker.run()
-        except ValueError as e:  # bad arguments or keys, bad settings from the daemon
-            out(f"worker {base}: {e}")
-            return 2
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+        with stop_on_signals(stop, interrupt_again=False):
+            try:
+                worker = Worker(connect, keys=keys, device=device_list[0], name=base, games=games, threads=threads,
+                                log=log, stop=stop, simulate_gpu=simulate_gpu)
+                return worker.run()
+            except ValueError as e:  # bad arguments or keys, bad settings from the daemon
+                out(f"worker {base}: {e}")
+                return 2
     children = []
     for device in device_list:
         command = [sys.executable, "-m", "trainer.cli", "worker", "--connect", connect, "--devices", device,
@@ -622,8 +593,7 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
         command += ["--simulate-gpu"] if simulate_gpu and device != "cpu" else []
         children.append(subprocess.Popen(command))
     stop = threading.Event()
-    old = _install_signals(stop)
-    try:
+    with stop_on_signals(stop, interrupt_again=False):
         while any(child.poll() is None for child in children):
             if stop.wait(0.2):
                 for child in children:
@@ -632,6 +602,3 @@ def run_workers(connect: str, *, keys: Optional[str] = None, devices: str = "cpu
                 for child in children:
                     child.wait()
         return max(abs(child.returncode) for child in children)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)

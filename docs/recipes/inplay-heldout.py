@@ -40,7 +40,7 @@ def _label(moves: list[str], depth: int):
 def label(out: str, depth: int, share: float, pgns: list[str]) -> None:
     from engine.board import Board
     from trainer.records import RECORD_DTYPE, Eval, make_record
-    from trainer.replay import ReplayStore
+    from trainer.store import ReplayStore
 
     rng = random.Random(5)
     jobs = []
@@ -68,7 +68,7 @@ def label(out: str, depth: int, share: float, pgns: list[str]) -> None:
 def score(run: str, nets: list[str]) -> None:
     from engine.network import Network
     from trainer.records import decode_records, read_chunk
-    from trainer.replay import ReplayStore
+    from trainer.store import ReplayStore
 
     records = np.concatenate([read_chunk(os.path.join(run, "replay", "chunks", e.name))
                               for e in ReplayStore(run).entries()])

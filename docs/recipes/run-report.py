@@ -52,7 +52,8 @@ def heldout_losses(run: str, generations: dict, positions: int) -> dict:
     (what lies above it is the policy's divergence from the search)."""
     from engine.network import Network
     from trainer.config import load_effective_config
-    from trainer.replay import ReplayStore, validation_batch
+    from trainer.loader import validation_batch
+    from trainer.store import ReplayStore
 
     config = load_effective_config(run)
     batch = validation_batch(ReplayStore(run, config.model.input_format), config.replay, positions)

@@ -1,157 +1,28 @@
-"""The replay store: durable group commits, the manifest log, the window, the cursor, the loader, lc0 imports."""
+"""The loader: the window, the cursor, the batches per rank, unreadable chunks, the cache."""
 
 import collections
 import errno
 import gzip
-import io
 import json
 import logging
 import math
-import multiprocessing
 import os
-import tarfile
 
 import numpy as np
 import pytest
 
-import trainer.replay as replay
-from trainer.records import RECORD_DTYPE, read_chunk
-from trainer.replay import (
-    DataStarved,
-    ReplayLoader,
-    ReplaySampler,
-    ReplayStore,
-    WindowConfig,
-    import_lc0_chunks,
-    is_validation,
-    validation_batch,
-    window_size,
-)
+import trainer.loader as loader_mod
+import trainer.store as store_mod
+from trainer.config import is_validation, window_size
+from trainer.loader import DataStarved, ReplayLoader, ReplaySampler, WindowConfig, validation_batch
+from trainer.records import read_chunk
+from trainer.store import ReplayStore
 
-NO_VAL = dict(val_percent=0.0)
-
-
-def _game(ids):
-    """Records that say who they are: ``plies_left`` holds each position's id."""
-    records = np.zeros(len(ids), dtype=RECORD_DTYPE)
-    records["version"] = 6
-    records["input_format"] = 1
-    records["plies_left"] = ids
-    records["probabilities"] = -1.0
-    records["probabilities"][:, 0] = 1.0
-    records["result_d"] = 1.0
-    return records
-
-
-def _fill(store, sizes, start=0, source="selfplay"):
-    """One chunk per size, ids counting up from ``start`` in commit order; returns the entries."""
-    entries = []
-    for size in sizes:
-        entries.append(store.append_games([_game(np.arange(start, start + size))], generation=1, source=source))
-        start += size
-    return entries
+from test_store import NO_VAL, _fill, _game
 
 
 def _ids(batch):
     return batch.plies_left.numpy().astype(np.int64)
-
-
-def test_group_commit_is_one_chunk_and_the_same_fsyncs_however_many_games(tmp_path, monkeypatch):
-    store = ReplayStore(tmp_path)
-    calls = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
-    store.append_games([_game([7])], generation=3, source="teacher")   # creates the manifest
-    calls.clear()
-    one = store.append_games([_game([0, 1])], generation=3, source="teacher")
-    fsyncs_for_one = len(calls)
-    calls.clear()
-    many = store.append_games([_game([i, i]) for i in range(50)], generation=3, source="teacher")
-    assert len(calls) == fsyncs_for_one == 3   # the chunk file, its directory, the manifest line
-    assert (many.games, many.positions, many.generation, many.source) == (50, 100, 3, "teacher")
-    assert one.name != many.name and many.name.startswith("teacher-g00003-") and many.name.endswith(".gz")
-    assert len(os.listdir(store.chunks_dir)) == 3   # no temp files left
-    assert store.entries()[1:] == [one, many]
-    assert ReplayStore(tmp_path).entries()[1:] == [one, many]   # what another process reads
-    assert store.total_positions() == 103
-    assert np.array_equal(read_chunk(store.chunks_dir / many.name)["plies_left"], np.repeat(np.arange(50), 2))
-
-
-def test_writer_commits_groups_and_the_rest_on_exit(tmp_path):
-    store = ReplayStore(tmp_path)
-    with store.writer(generation=0, source="pgn", positions_per_chunk=10) as writer:
-        results = [writer.add_game(_game(range(4))) for _ in range(5)]
-        assert [r is not None for r in results] == [False, False, True, False, False]
-        assert writer.buffered_positions == 8
-    assert [e.positions for e in store.entries()] == [12, 8]
-    assert writer.committed == store.entries()
-    with pytest.raises(ValueError, match="input format 3"):
-        bad = _game([1])
-        bad["input_format"] = 3
-        writer.add_game(bad)
-    with pytest.raises(ValueError, match="source"):
-        store.append_games([_game([1])], generation=0, source="../x")
-
-
-def test_torn_manifest_line_is_ignored_and_later_appends_work(tmp_path, caplog):
-    store = ReplayStore(tmp_path)
-    first = _fill(store, [3])[0]
-    with open(store.manifest, "ab") as f:   # a writer killed in the middle of its line
-        f.write(b'{"op":"add","name":"selfplay-g00001-dead.gz","posi')
-    assert store.entries() == [first]
-    second = _fill(store, [4], start=3)[0]
-    lines = store.manifest.read_bytes().split(b"\n")
-    assert lines[1] == b'{"op":"add","name":"selfplay-g00001-dead.gz","posi' and lines[-1] == b""
-    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
-        fresh = ReplayStore(tmp_path)
-        assert fresh.entries() == [first, second]
-    assert any("torn or malformed line" in r.getMessage() for r in caplog.records)
-    # A complete line whose newline has not arrived yet is not read until it has.
-    line = json.dumps({"op": "add", "name": "x-g00000-1.gz", "positions": 1, "games": 1, "generation": 0,
-                       "source": "x", "time": 1.0})
-    with open(store.manifest, "ab") as f:
-        f.write(line.encode())
-    assert fresh.entries() == [first, second]
-    with open(store.manifest, "ab") as f:
-        f.write(b"\n")
-    assert [e.name for e in fresh.entries()] == [first.name, second.name, "x-g00000-1.gz"]
-
-
-def _writer_process(run_dir, worker, chunks):
-    store = ReplayStore(run_dir)
-    for i in range(chunks):
-        ids = np.full(1 + (i % 3), worker * 1000 + i)
-        store.append_games([_game(ids)], generation=worker, source=f"w{worker}")
-
-
-def test_concurrent_writers_with_a_reader(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    writers = [ctx.Process(target=_writer_process, args=(tmp_path, w, 40)) for w in range(4)]
-    ReplayStore(tmp_path)
-    for p in writers:
-        p.start()
-    reader = ReplayStore(tmp_path)
-    seen = []
-    while any(p.is_alive() for p in writers) or len(seen) < 160:
-        entries = reader.entries()
-        assert entries[: len(seen)] == seen   # the log only grows
-        for entry in entries[len(seen):]:     # every listed chunk is complete and readable
-            records = read_chunk(reader.chunks_dir / entry.name)
-            assert len(records) == entry.positions
-            assert set(records["plies_left"].tolist()) == {records["plies_left"][0]}
-        seen = entries
-        if len(seen) >= 160:
-            break
-    for p in writers:
-        p.join(30)
-        assert p.exitcode == 0
-    entries = ReplayStore(tmp_path).entries()
-    assert len(entries) == len({e.name for e in entries}) == 160
-    for w in range(4):   # each writer's chunks are in its own order
-        mine = [e for e in entries if e.source == f"w{w}"]
-        assert [int(read_chunk(tmp_path / "replay" / "chunks" / e.name)["plies_left"][0]) for e in mine] == [
-            w * 1000 + i for i in range(40)]
-    assert all(json.loads(line) for line in (tmp_path / "replay" / "manifest.jsonl").read_text().splitlines())
 
 
 def test_window_size_is_katagos_formula():
@@ -214,7 +85,7 @@ def replay_flat(sampler, k):
 
 def test_validation_chunks_are_held_out(tmp_path, monkeypatch):
     counter = iter(range(1, 1000))
-    monkeypatch.setattr(replay.uuid, "uuid4", lambda: replay.uuid.UUID(int=next(counter)))  # fixed names
+    monkeypatch.setattr(store_mod.uuid, "uuid4", lambda: store_mod.uuid.UUID(int=next(counter)))  # fixed names
     names = [f"selfplay-g00001-{i:032x}.gz" for i in range(4000)]
     share = sum(is_validation(n, 5.0) for n in names) / len(names)
     assert 0.035 < share < 0.065
@@ -242,13 +113,13 @@ def test_held_out_games_keep_their_share_from_the_first_game_and_name_their_chun
     """Issue 46: a young run held nothing out (5% of whole chunks by their names' hash). hold_out
     holds out the first game and then keeps the held-out share at val_percent; append_games names
     such a chunk so that is_validation, which every reader uses, agrees with the choice."""
-    assert replay.hold_out([70], 0, 0, 5.0) == [True]            # the first game of a run
-    flags = replay.hold_out([70] * 100, 0, 0, 5.0)
+    assert store_mod.hold_out([70], 0, 0, 5.0) == [True]            # the first game of a run
+    flags = store_mod.hold_out([70] * 100, 0, 0, 5.0)
     held = 70 * sum(flags)
     assert flags[0] and 0.05 * 7000 <= held <= 0.05 * 7000 + 70   # 5%, at most one game over
     assert all(flags[i] for i in (0, 20, 40, 60, 80)) and not any(flags[1:20])
-    assert replay.hold_out([70, 70], 55, 1000, 5.0) == [False, True]  # the store's own share counts
-    assert replay.hold_out([70] * 5, 0, 0, 0.0) == [False] * 5
+    assert store_mod.hold_out([70, 70], 55, 1000, 5.0) == [False, True]  # the store's own share counts
+    assert store_mod.hold_out([70] * 5, 0, 0, 0.0) == [False] * 5
 
     store = ReplayStore(tmp_path)
     games = [_game(np.arange(i * 10, i * 10 + 10)) for i in range(3)]
@@ -444,126 +315,10 @@ def test_corrupt_chunk_is_logged_once_and_replaced_deterministically(tmp_path, c
         assert all(np.array_equal(a, _ids(next(loader))) for a in first)
 
 
-def test_prune_drops_the_oldest_chunks_outside_the_kept_positions(tmp_path):
-    store = ReplayStore(tmp_path)
-    entries = _fill(store, [100, 100, 100, 100])
-    window = WindowConfig(floor=1000, **NO_VAL)
-    with ReplayLoader(store, ReplaySampler(store, window, batch_size=64), workers=0) as loader:
-        next(loader)   # builds the cache files
-    assert len(os.listdir(store.cache_dir)) == 4
-    assert store.prune(400) == [] and store.prune(301) == []
-    assert store.prune(250) == [entries[0].name]               # chunk 1 holds part of the newest 250
-    assert store.entries() == entries[1:]
-    assert sorted(os.listdir(store.chunks_dir)) == sorted(e.name for e in entries[1:])
-    assert len(os.listdir(store.cache_dir)) == 3
-    assert store.prune(0) == [e.name for e in entries[1:]]
-    assert store.entries() == [] and os.listdir(store.chunks_dir) == [] and os.listdir(store.cache_dir) == []
-    ops = [json.loads(line)["op"] for line in store.manifest.read_text().splitlines()]
-    assert ops == ["add"] * 4 + ["prune", "prune"]
-    assert ReplayStore(tmp_path).entries() == []
-    with pytest.raises(ValueError, match="keep_positions"):
-        store.prune(-1)
-
-
-def test_pruning_to_the_window_keeps_every_training_chunk_inside_it(tmp_path):
-    """The window counts training positions only, so held-out chunks among the newest must not
-    count toward what prune keeps: counting them would cut the window's oldest chunk."""
-    store = ReplayStore(tmp_path)
-    window = WindowConfig(floor=300, val_percent=50.0)
-    for _ in range(200):   # chunk names are random: add until a held-out chunk lies inside the window
-        _fill(store, [100])
-        sampler = ReplaySampler(store, window, batch_size=16)
-        if not sampler._plan.names:   # every chunk so far is held out: no window yet
-            continue
-        first = [e.name for e in store.entries()].index(sampler._plan.names[0])
-        held_inside = [e for e in store.entries()[first:] if is_validation(e.name, 50.0)]
-        if sampler.training_positions > 600 and held_inside:
-            break
-    else:
-        raise AssertionError("no held-out chunk ever fell inside the window")
-    planned = list(sampler._plan.names)
-    removed = store.prune(sampler.window_positions, val_percent=50.0)
-    assert removed and not set(removed) & set(planned)
-    assert [e.name for e in store.entries() if not is_validation(e.name, 50.0)] == planned
-
-
-def test_prune_clears_what_killed_processes_left_after_an_hour(tmp_path):
-    store = ReplayStore(tmp_path)
-    kept = _fill(store, [10])[0]
-    leftovers = [store.chunks_dir / ".selfplay-g00001-x.gz.tmp-1-ab", store.chunks_dir / "selfplay-g00001-y.gz",
-                 store.cache_dir / ".selfplay-g00001-z.rec.tmp-1-cd"]   # the last: a chunk never listed
-    for path in leftovers:
-        path.write_bytes(b"x")
-    young = store.chunks_dir / "selfplay-g00001-young.gz"   # may be a chunk whose line is on its way
-    young.write_bytes(b"x")
-    for path in leftovers:
-        os.utime(path, (1e9, 1e9))
-    os.utime(store.chunks_dir / kept.name, (1e9, 1e9))
-    assert store.prune(100) == []
-    assert sorted(os.listdir(store.chunks_dir)) == sorted([kept.name, young.name])
-    assert os.listdir(store.cache_dir) == []
-
-
-def _lc0_bytes(records):
-    return gzip.compress(records.tobytes())
-
-
-def test_import_lc0_chunks_converts_format_2_and_takes_canonical_ones_into_a_canonical_store(tmp_path, caplog):
-    classical = _game(np.arange(0, 5))
-    classical["castling_us_oo"] = 1
-    fmt2 = _game(np.arange(5, 12))
-    fmt2["input_format"] = 2
-    fmt2["castling_us_ooo"], fmt2["castling_us_oo"] = 1 << 0, 1 << 7
-    fmt2["castling_them_oo"] = 1 << 7
-    fmt3 = _game(np.arange(12, 15))
-    fmt3["input_format"] = 3
-    data = tmp_path / "lc0"
-    data.mkdir()
-    (data / "training.1.gz").write_bytes(_lc0_bytes(classical))
-    (data / "training.2.gz").write_bytes(_lc0_bytes(fmt2))
-    (data / "training.3.gz").write_bytes(_lc0_bytes(fmt3))
-    (data / "training.4.gz").write_bytes(_lc0_bytes(classical)[:40])   # truncated
-    archive = tmp_path / "training-run1.tar"
-    with tarfile.open(archive, "w") as tar:
-        for i, game in enumerate((_game(np.arange(20, 23)), _game(np.arange(30, 34)))):
-            raw = _lc0_bytes(game)
-            info = tarfile.TarInfo(f"training-run1/training.{100 + i}.gz")
-            info.size = len(raw)
-            tar.addfile(info, io.BytesIO(raw))
-    store = ReplayStore(tmp_path / "run")
-    with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
-        summary = import_lc0_chunks(store, [data, archive], positions_per_chunk=10)
-    assert (summary.files, summary.positions) == (4, 5 + 7 + 3 + 4)
-    assert len(summary.skipped) == 2 and len(caplog.records) == 2
-    assert "training.3.gz" in summary.skipped[0] and "input format 3 (INPUT_112_WITH_CANONICALIZATION)" in \
-        summary.skipped[0]
-    assert "training.4.gz" in summary.skipped[1]
-    entries = store.entries()
-    assert str(summary) == "imported 4 lc0 games (19 positions) into 2 chunks; skipped 2 files"
-    assert entries == summary.chunks and [e.positions for e in entries] == [12, 7]
-    assert all(e.source == "lc0" and e.generation == 0 for e in entries)
-    assert [e.games for e in entries] == [2, 2]
-    records = np.concatenate([read_chunk(store.chunks_dir / e.name) for e in entries])
-    assert records["plies_left"].tolist() == [*range(0, 12), 20, 21, 22, 30, 31, 32, 33]
-    assert (records["input_format"] == 1).all()
-    converted = records[5:12]
-    assert (converted["castling_us_ooo"] == 1).all() and (converted["castling_us_oo"] == 1).all()
-    assert (converted["castling_them_oo"] == 1).all() and (converted["castling_them_ooo"] == 0).all()
-    with pytest.raises(FileNotFoundError, match="nowhere"):
-        import_lc0_chunks(store, [tmp_path / "nowhere"])
-
-    canonical = ReplayStore(tmp_path / "canonical", 3)   # a run whose network reads format 3 takes lc0's own
-    summary = import_lc0_chunks(canonical, [data], positions_per_chunk=10)
-    assert (summary.files, summary.positions) == (1, 3) and len(summary.skipped) == 3
-    assert all("cannot be converted to input format 3" in reason for reason in summary.skipped[:2])
-    (entry,) = canonical.entries()
-    assert read_chunk(canonical.chunks_dir / entry.name, 3).tobytes() == fmt3.tobytes()
-
-
 def test_loader_throughput_runs(tmp_path):
     store = ReplayStore(tmp_path)
     _fill(store, [200, 200])
-    rate = replay.loader_throughput(store, WindowConfig(floor=1000, **NO_VAL), batch_size=64, workers=1, batches=3)
+    rate = loader_mod.loader_throughput(store, WindowConfig(floor=1000, **NO_VAL), batch_size=64, workers=1, batches=3)
     assert rate > 0
 
 
@@ -586,7 +341,7 @@ def test_few_open_maps_and_transient_errors(tmp_path, monkeypatch):
     window = WindowConfig(floor=1000, **NO_VAL)
     with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
         expected = [_ids(next(loader)) for _ in range(4)]
-    monkeypatch.setattr(replay, "_MAX_OPEN_CHUNKS", 2)
+    monkeypatch.setattr(loader_mod, "_MAX_OPEN_CHUNKS", 2)
     with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
         assert all(np.array_equal(e, _ids(next(loader))) for e in expected)
     # Too many open files says nothing about a chunk: the loader stops rather than mark it bad.
@@ -596,7 +351,7 @@ def test_few_open_maps_and_transient_errors(tmp_path, monkeypatch):
     def emfile(path, input_format=1):
         raise OSError(errno.EMFILE, "Too many open files", str(path))
 
-    monkeypatch.setattr(replay, "read_chunk", emfile)
+    monkeypatch.setattr(loader_mod, "read_chunk", emfile)
     with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
         with pytest.raises(OSError, match="Too many open files"):
             next(loader)
@@ -616,43 +371,29 @@ def test_a_disk_near_full_gets_no_more_cache_and_the_batches_stay_the_same(tmp_p
     # 5% of the disk free, under the reserve: nothing is cached, the chunks are read as they are,
     # at most 2 kept in memory, and the learner's log says why it is slower, once.
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(replay.shutil, "disk_usage", lambda path: usage(100 << 30, 95 << 30, 5 << 30))
-    monkeypatch.setattr(replay, "_MAX_LOOSE_BYTES", 2 * 10 * replay.RECORD_BYTES)
+    monkeypatch.setattr(loader_mod.shutil, "disk_usage", lambda path: usage(100 << 30, 95 << 30, 5 << 30))
+    monkeypatch.setattr(loader_mod, "_MAX_LOOSE_BYTES", 2 * 10 * loader_mod.RECORD_BYTES)
     readers = []
 
-    class Reader(replay._BatchReader):
+    class Reader(loader_mod._BatchReader):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             readers.append(self)
 
-    monkeypatch.setattr(replay, "_BatchReader", Reader)
+    monkeypatch.setattr(loader_mod, "_BatchReader", Reader)
     with caplog.at_level(logging.WARNING, logger="cyzero.replay"):
         with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
             for e in expected:
                 assert np.array_equal(e, _ids(next(loader)))
-                assert len(readers[0]._open) <= 2 and readers[0]._loose_bytes <= 2 * 10 * replay.RECORD_BYTES
+                assert len(readers[0]._open) <= 2 and readers[0]._loose_bytes <= 2 * 10 * loader_mod.RECORD_BYTES
     assert os.listdir(store.cache_dir) == []
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "5.4 GB free" in lines[0] and "too little to cache" in lines[0]
     # 20% free: the cache fills again.
-    monkeypatch.setattr(replay.shutil, "disk_usage", lambda path: usage(100 << 30, 80 << 30, 20 << 30))
+    monkeypatch.setattr(loader_mod.shutil, "disk_usage", lambda path: usage(100 << 30, 80 << 30, 20 << 30))
     with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
         assert all(np.array_equal(e, _ids(next(loader))) for e in expected)
     assert sorted(os.listdir(store.cache_dir)) == cached
-
-
-def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
-    store = ReplayStore(tmp_path)
-    store.append_games([_game([1, 2]), _game([3])], generation=2, source="selfplay", game_ids=["a1", "b2"])
-    store.append_games([_game([4])], generation=2, source="selfplay")  # ids are optional
-    assert store.newest_game_ids() == ["a1", "b2"]
-    assert ReplayStore(tmp_path).newest_game_ids(1) == ["b2"]  # a restarted daemon reads them back
-    names = [e.name for e in store.entries()]
-    store.prune(1)  # pruned chunks' games stay known: a late resend is still a duplicate
-    assert len(ReplayStore(tmp_path).entries()) < len(names)
-    assert ReplayStore(tmp_path).newest_game_ids() == ["a1", "b2"]
-    with pytest.raises(ValueError, match="one string per game"):
-        store.append_games([_game([5])], generation=2, source="selfplay", game_ids=["x", "y"])
 
 
 def test_the_learner_samples_only_games_of_the_generations_inside_its_window(tmp_path):
@@ -693,20 +434,20 @@ def test_without_the_cache_a_daemon_chunk_is_read_game_by_game_and_the_batches_s
     window = WindowConfig(floor=1000, **NO_VAL)
     readers = []
 
-    class Reader(replay._BatchReader):
+    class Reader(loader_mod._BatchReader):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             readers.append(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replay, "_BatchReader", Reader)
+        mp.setattr(loader_mod, "_BatchReader", Reader)
         with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0,
                           cache=False) as loader:
             gzip_batches = [_ids(next(loader)) for _ in range(4)]
             assert loader.chunk_loads == {"cache": 0, "gzip": 5}
     # each chunk kept as its compressed bytes, indexed by game: no cache written, no chunk inflated whole
     assert os.listdir(store.cache_dir) == []
-    assert all(isinstance(c, replay._GzipChunk) and len(c.bounds) == 5 for c in readers[0]._open.values())
+    assert all(isinstance(c, loader_mod._GzipChunk) and len(c.bounds) == 5 for c in readers[0]._open.values())
     assert readers[0]._loose_bytes == sum(os.path.getsize(store.chunks_dir / e.name) for e in store.entries())
     with ReplayLoader(store, ReplaySampler(store, window, batch_size=32, seed=4), workers=0) as loader:
         assert all(np.array_equal(b, _ids(next(loader))) for b in gzip_batches)
@@ -720,7 +461,7 @@ def test_a_broken_game_read_alone_marks_its_chunk_bad_and_its_positions_are_redr
     entry = store.entries()[1]
     path = store.chunks_dir / entry.name
     raw = bytearray(path.read_bytes())
-    first, _ = replay._member_index(bytes(raw), entry.positions)
+    first, _ = loader_mod._member_index(bytes(raw), entry.positions)
     raw[first[2] + 12:first[3] - 8] = bytes(len(raw[first[2] + 12:first[3] - 8]))   # game 2's deflate data zeroed
     path.write_bytes(bytes(raw))
     window = WindowConfig(floor=1000, **NO_VAL)
@@ -738,7 +479,7 @@ def test_member_index_reads_only_whole_game_members(tmp_path):
 
     games = [_game(np.arange(i * 7, i * 7 + 7)) for i in range(3)]
     raw = b"".join(compress_records(g) for g in games)
-    bounds, first = replay._member_index(raw, 21)
+    bounds, first = loader_mod._member_index(raw, 21)
     assert first.tolist() == [0, 7, 14, 21] and bounds[-1] == len(raw)
-    assert replay._member_index(raw, 20) is None                          # the trailers do not add up: read whole
-    assert replay._member_index(gzip.compress(np.concatenate(games).tobytes()), 21) is None   # one member
+    assert loader_mod._member_index(raw, 20) is None                          # the trailers do not add up: read whole
+    assert loader_mod._member_index(gzip.compress(np.concatenate(games).tobytes()), 21) is None   # one member
