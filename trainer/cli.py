@@ -12,10 +12,7 @@ directory's layout is in ``docs/training.md``.
 import argparse
 import json
 import os
-import pickle
 import sys
-import warnings
-import zipfile
 
 from engine.tools.closed_stdout import quiet_when_reader_gone, reader_gone
 from trainer import EXIT_WITH_PARENT_ENV
@@ -343,49 +340,13 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_checkpoint(path: str):
-    """``torch.load(path, weights_only=True)``; ValueError that says what is wrong with the file.
-
-    torch.save writes a zip archive (older torch a bare pickle); anything else, an empty or a
-    truncated file gets a one-line reason instead of torch's traceback.
-    """
-    import torch
-
-    if os.path.isdir(path):
-        raise ValueError(f"checkpoint {path} is a folder, not a file")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as exc:
-        raise ValueError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
-    if not head:
-        raise ValueError(f"checkpoint {path} is empty (0 bytes)")
-    if head.startswith(b"PK") and not zipfile.is_zipfile(path):
-        raise ValueError(f"checkpoint {path} is a truncated or damaged zip archive "
-                         f"({os.path.getsize(path):,} bytes): copy it again or pick an earlier one")
-    if not head.startswith(b"PK") and head[0] != 0x80:  # 0x80: a pickle, as torch < 1.6 wrote
-        raise ValueError(f"checkpoint {path} is not a torch checkpoint: torch.save writes a zip archive, "
-                         f"this file starts with {head!r}")
-    try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols before it fails
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError(f"checkpoint {path} holds more than tensors and plain containers, or is not "
-                         "a torch checkpoint: cyzero loads only weights (torch.load weights_only=True)") from None
-    except Exception as exc:  # torch raises RuntimeError, EOFError, KeyError, ... for damaged files
-        raise ValueError(f"cannot load checkpoint {path}: {_one_line(exc)}") from None
-
-
 def _net_from_checkpoint(path: str, config, weights: str = "auto"):
     """The network in checkpoint ``path`` and which weights it holds ("raw", "ema", "swa");
     ValueError for one that does not hold a fitting network."""
+    from trainer.checkpoints import read_checkpoint
     from trainer.model import load_net
 
     checkpoint = read_checkpoint(path)
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a dict "
-                         "({'config': ..., 'model': state_dict} or a bare state dict)")
     has_config = "config" in checkpoint
     if not has_config and config is None:
         raise ValueError(f"checkpoint {path} has no 'config': give --config BLOCKSxFILTERS")

@@ -54,8 +54,10 @@ from torch import nn
 
 from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, read_lc0_file
 from engine.lc0_onnx import lc0_to_onnx
+from trainer.checkpoints import NETWORK_KEYS, read_checkpoint
 from trainer.model import (
-    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map, rule50_scale,
+    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, load_net, policy_index_and_map,
+    rule50_scale,
 )
 
 __all__: Sequence[str] = [
@@ -832,17 +834,12 @@ def read_network(path: str | os.PathLike) -> tuple[Net, str]:
 
 def _checkpoint_network(path: str) -> tuple[Net, str]:
     """A cyzero checkpoint's network, its raw weights (where its training stood)."""
-    from trainer.model import load_net
-
     name = os.path.basename(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for what is no checkpoint
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        data = read_checkpoint(path, NETWORK_KEYS)
+    except ValueError as exc:
         raise ValueError(f"{name} is neither an lc0 weights file (.pb.gz, .pb) nor a cyzero checkpoint "
-                         f"that loads ({reason})") from None
-    if not isinstance(data, dict) or "model" not in data or "config" not in data:
-        raise ValueError(f"{name} is a torch file but not a cyzero checkpoint ({{'config': ..., 'model': ...}})")
+                         f"that loads ({exc})") from None
     try:
         net = load_net(data)
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:

@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import datetime
 import faulthandler
-import io
 import json
 import math
 import os
@@ -55,7 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
+from trainer.checkpoints import CHECKPOINT_FORMAT, read_learner_checkpoint, write_checkpoint
 from trainer.config import (
     LossConfig, ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig, from_dict, load_config, model_differences,
     named_config_path, to_toml,
@@ -77,7 +77,6 @@ __all__: Sequence[str] = [
 
 PROGRESS_EVERY_S = 2.0  # rank 0 rewrites RUN/learner.json (rundir.PROGRESS_FILE), for ``status``, this often
 RATE_WINDOW_S = 60.0  # learner.json's samples/s: the last minute of training (waits left out)
-CHECKPOINT_FORMAT = 1
 #: Fault injection for the tests: "RANK:STEP" makes that rank exit with code 3 right after that
 #: step, "RANK:STEP:kill" makes it SIGKILL itself there (no cleanup of any kind), and
 #: "RANK:STEP:abort" makes it abort as a native crash would.
@@ -479,30 +478,13 @@ class WeightAverager:
 # --------------------------------------------------------------------------- run files
 
 
-_CHECKPOINT_KEYS = ("format", "step", "generation", "config", "train_config", "model", "optimizer", "sampler")
-
-
-def _read_checkpoint(path: str, step: int) -> dict:
-    """A checkpoint's contents; ValueError saying what is wrong with a damaged one."""
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for damage
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ValueError(f"it does not load ({reason})") from None
-    if not isinstance(data, dict) or any(k not in data for k in _CHECKPOINT_KEYS):
-        raise ValueError("it is not a learner checkpoint (keys missing)")
-    if data["format"] != CHECKPOINT_FORMAT or data["step"] != step:
-        raise ValueError(f"format {data['format']} step {data['step']} does not fit its name")
-    return data
-
-
 def load_newest_checkpoint(run_dir: str | os.PathLike, log: Log = _stderr) -> tuple[dict, str] | None:
     """The newest checkpoint that loads, and its path; a damaged one is skipped with a log line."""
     for step, path in reversed(list_checkpoints(run_dir)):
         try:
-            return _read_checkpoint(path, step), path
+            return read_learner_checkpoint(path, step), path
         except ValueError as exc:
-            log(f"learner: skipping damaged checkpoint {path}: {exc}")
+            log(f"learner: skipping damaged checkpoint: {exc}")
     return None
 
 
@@ -685,7 +667,7 @@ class _Learner:
         return planes
 
     def _load(self, path: str) -> dict:
-        data = _read_checkpoint(path, int(os.path.basename(path)[5:-3]))
+        data = read_learner_checkpoint(path, int(os.path.basename(path)[5:-3]))
         self.net.load_state_dict(data["model"])
         before = data["train_config"].get("optimizer", {}).get("kind")
         if before == self.cfg.optimizer.kind:
@@ -723,9 +705,7 @@ class _Learner:
     def _write_checkpoint(self) -> str:
         path = checkpoint_path(self.run_dir, self.step)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(self._checkpoint_dict(), buf)
-        atomic_write_bytes(path, buf.getvalue())
+        write_checkpoint(path, self._checkpoint_dict())
         for _, old in list_checkpoints(self.run_dir)[:-self.cfg.train.keep_checkpoints]:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(old)

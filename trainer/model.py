@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.encoding import PLANES, POLICY_SIZE
+from trainer.checkpoints import read_checkpoint
 from trainer.records import HECTOPLIES_FORMATS  # the rule50 plane in hundreds of plies
 from engine.lc0 import move_plane
 from engine.network import MLH_NAME, POLICY_NAME, WDL_NAME
@@ -696,7 +697,7 @@ def load_net(checkpoint: dict | str, config: NetConfig | None = None) -> Net:
     state dict also works when ``config`` is given.
     """
     if isinstance(checkpoint, str):
-        checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        checkpoint = read_checkpoint(checkpoint)
     if not isinstance(checkpoint, dict):
         raise ValueError("checkpoint must be a dict with 'config' and 'model', or a state dict")
     if "model" in checkpoint:
