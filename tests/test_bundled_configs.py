@@ -82,7 +82,7 @@ def test_setup_ships_every_data_file_the_package_reads(package):
 
 
 def test_the_transformer_configs_are_their_towers_runs_with_an_attention_body():
-    from trainer.learner import net_config
+    from trainer.run_setup import net_config
 
     gpu, gpu_bt = load_named_config("gpu"), load_named_config("gpu-bt")
     assert dataclasses.replace(gpu_bt, model=gpu.model, optimizer=gpu.optimizer) == gpu

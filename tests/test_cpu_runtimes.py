@@ -51,11 +51,11 @@ def reference():
     """PyTorch's outputs for the bundled network on the real positions."""
     import torch
 
-    from trainer.learner import _read_init_network
+    from trainer.run_setup import read_init_network
     from trainer.model import InferenceNet
 
     planes, masks = real_positions()
-    net, _ = _read_init_network(default_weights_path())
+    net, _ = read_init_network(default_weights_path())
     with torch.no_grad():
         policy, wdl = [t.numpy() for t in InferenceNet(copy.deepcopy(net).eval()).eval()(
             torch.from_numpy(planes))][:2]
@@ -204,9 +204,9 @@ def test_macs_per_position_counts_what_pytorch_multiplies():
     linear layer's weights once."""
     import torch
 
-    from trainer.learner import _read_init_network
+    from trainer.run_setup import read_init_network
 
-    net, _ = _read_init_network(default_weights_path())
+    net, _ = read_init_network(default_weights_path())
     want = sum(m.weight.numel() * (64 if isinstance(m, torch.nn.Conv2d) else 1)
                for m in net.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)))
     assert macs_per_position(f"{NETS}/default.onnx") == want

@@ -43,9 +43,9 @@ def positions():
 @pytest.fixture(scope="module")
 def bundled():
     """The bundled network as the learner reads it (remembered there, so the learn test reads it once)."""
-    from trainer.learner import _read_init_network
+    from trainer.run_setup import read_init_network
 
-    return _read_init_network(DEFAULT)
+    return read_init_network(DEFAULT)
 
 
 def torch_outputs(net: Net, planes: np.ndarray) -> list[np.ndarray]:

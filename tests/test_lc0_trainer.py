@@ -22,7 +22,7 @@ import torch
 from engine.encoding import encode_position, legal_mask
 from engine.board import Board
 from lc0_files import CYZERO, MAIA, Lc0Spec, fixture_params, wrap_onnx, write_lc0
-from trainer.learner import model_section, net_config
+from trainer.run_setup import model_section, net_config
 from trainer.rundir import checkpoint_path, list_checkpoints
 from trainer.config import default_config, model_differences
 from trainer.model import NetConfig

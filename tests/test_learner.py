@@ -31,10 +31,9 @@ import torch.multiprocessing as mp
 from engine.board import Board
 from engine.encoding import PLANES, POLICY_SIZE
 from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, is_validation, load_config, to_toml
-from trainer.learner import (
-    EXIT_HOOK_ENV, WeightAverager, compute_losses, evaluate, join_group, learn, lr_at, make_optimizer,
-    policy_cross_entropy, rendezvous_store, train_step,
-)
+from trainer.learner import EXIT_HOOK_ENV, learn, train_step
+from trainer.losses import WeightAverager, compute_losses, evaluate, lr_at, make_optimizer, policy_cross_entropy
+from trainer.ranks import join_group, rendezvous_store
 from trainer.loader import ReplaySampler, WindowConfig
 from trainer.model import NetConfig, NetOutput, build_net
 from trainer.records import RECORD_DTYPE, Eval, make_record
@@ -564,7 +563,7 @@ def test_a_stop_signal_delivered_twice_is_one_stop_and_a_later_one_interrupts(mo
     """`timeout` and systemd signal the whole process group: the spawning parent gets SIGTERM
     twice, and each rank gets the group's and then the parent's forward. That is one stop
     after the step; only a signal REPEATED_SIGNAL_S or more after the first interrupts at once."""
-    from trainer import learner, stop_signals
+    from trainer import ranks, stop_signals
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are installed only in the main thread")
@@ -572,7 +571,7 @@ def test_a_stop_signal_delivered_twice_is_one_stop_and_a_later_one_interrupts(mo
     before = signal.getsignal(signal.SIGTERM)
     stop = threading.Event()
     context = (stop_signals.stop_on_signals(stop, (signal.SIGTERM,)) if which == "rank"
-               else learner._forward_stop([]))
+               else ranks.forward_stop([]))
 
     def deliver() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -779,7 +778,7 @@ def stockfish_games(n_positions: int, seed: int = 0, input_format: int = 1) -> l
 
 @pytest.mark.skipif(STOCKFISH is None, reason="needs stockfish (Debian: apt install stockfish)")
 def test_a_tiny_net_trained_on_stockfish_labels_lowers_its_held_out_loss(tmp_path):
-    from trainer.learner import net_config
+    from trainer.run_setup import net_config
     from trainer.loader import validation_batch
 
     stream = iter(stockfish_games(2000))

@@ -16,9 +16,8 @@ import torch
 import torch.multiprocessing as mp
 
 from trainer.config import CONFIG_FILE, load_config
-from trainer.learner import (
-    DeviceFeed, _Launch, _Learner, _StopVote, join_group, learn, pinned_transfer, rendezvous_store,
-)
+from trainer.learner import DeviceFeed, Launch, Learner, StopVote, learn, pinned_transfer
+from trainer.ranks import join_group, rendezvous_store
 from trainer.loader import Batch, ReplayLoader, ReplaySampler, WindowConfig, _pack, _unpack
 from trainer.records import decode_records, read_chunk
 from trainer.rundir import checkpoint_path
@@ -113,11 +112,11 @@ def test_the_loader_yields_the_planned_batches_in_order(tmp_path, workers):
 # --------------------------------------------------------------------------- the learner's data path
 
 
-def _learner(run: str, steps: int | None = None) -> _Learner:
+def _learner(run: str, steps: int | None = None) -> Learner:
     config = load_config(os.path.join(run, CONFIG_FILE))
-    launch = _Launch(run_dir=run, config=config.to_dict(), kind="cpu", steps=steps, follow=False, progress=False,
-                     checkpoint=None, report=False)
-    return _Learner(launch, 0, 1, torch.device("cpu"), lambda line: None)
+    launch = Launch(run_dir=run, config=config.to_dict(), kind="cpu", steps=steps, follow=False, progress=False,
+                    checkpoint=None, report=False)
+    return Learner(launch, 0, 1, torch.device("cpu"), lambda line: None)
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -166,10 +165,10 @@ def _vote_rank(rank: int, port: int, answers) -> None:
     join_group("gloo", rank, 2, port)
     try:
         for lagged in (False, True):
-            vote = _StopVote(torch.device("cpu"), lagged=lagged)
+            vote = StopVote(torch.device("cpu"), lagged=lagged)
             got = [vote(rank == 1 and i >= ASKED_AT) for i in range(CALLS)]
             answers.put((rank, lagged, "steps", got))
-        vote = _StopVote(torch.device("cpu"), lagged=True)
+        vote = StopVote(torch.device("cpu"), lagged=True)
         got = [vote(False), vote(rank == 0, now=True)]
         answers.put((rank, True, "now", got))
     finally:
@@ -232,10 +231,10 @@ def test_the_cuda_stop_vote_answers_one_call_later_or_at_once(tmp_path):
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        vote = _StopVote(device, lagged=True)
+        vote = StopVote(device, lagged=True)
         assert vote.host.is_pinned()
         assert [vote(False), vote(True), vote(True), vote(True)] == [False, False, True, True]
-        vote = _StopVote(device, lagged=True)
+        vote = StopVote(device, lagged=True)
         assert [vote(False), vote(True, now=True)] == [False, True]
     finally:
         dist.destroy_process_group()

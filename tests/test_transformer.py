@@ -22,7 +22,8 @@ from engine.network import Network
 from test_learner import TINY, make_run, run_learn, stockfish_games
 from trainer.config import CONFIG_FILE, LossConfig, OptimizerConfig, from_dict, load_config
 from trainer.export import export_onnx, sample_positions
-from trainer.learner import evaluate, make_optimizer, net_config
+from trainer.losses import evaluate, make_optimizer
+from trainer.run_setup import net_config
 from trainer.lc0_export import check_lc0_file, lc0_file_bytes
 from trainer.model import Net, NetConfig, build_net, deepen, load_net, save_checkpoint_dict
 from trainer.records import read_chunk

@@ -78,7 +78,8 @@ def _make_store(folder: str, chunks: int, chunk_positions: int, seed: int, input
 def _raw_rates(shape, batch, device: torch.device, amp: str, interval: int, intervals: int) -> list[float]:
     """samples/s of train_step alone on one batch, per ``interval`` steps (after one interval of warm-up)."""
     from trainer.config import LossConfig, OptimizerConfig
-    from trainer.learner import make_optimizer, train_step
+    from trainer.learner import train_step
+    from trainer.losses import make_optimizer
     from trainer.model import build_net
 
     net = build_net(shape).to(device)
@@ -309,7 +310,7 @@ def bench_train(
             from trainer.learner import configure_device
 
             configure_device(torch_device)
-        from trainer.learner import net_config
+        from trainer.run_setup import net_config
 
         shape = net_config(config)
         raw = _raw_rates(shape, batch, torch_device, config.train.amp, log_interval, intervals)

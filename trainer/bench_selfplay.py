@@ -164,7 +164,7 @@ def format_selfplay_report(figures: dict) -> str:
 def fresh_network(cfg: Any) -> str:
     """A freshly initialised network of ``cfg``'s model, exported to a temporary ONNX file."""
     from trainer.export import export_onnx
-    from trainer.learner import net_config
+    from trainer.run_setup import net_config
     from trainer.model import build_net
 
     path = os.path.join(tempfile.mkdtemp(prefix="cyzero-bench-"), f"fresh-{cfg.model.net}.onnx")

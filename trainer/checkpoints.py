@@ -16,15 +16,17 @@ import os
 import pickle
 import warnings
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from trainer.atomic import atomic_write_bytes
+from trainer.rundir import list_checkpoints
 
 __all__: Sequence[str] = [
     "CHECKPOINT_FORMAT", "LEARNER_KEYS", "NETWORK_KEYS", "read_checkpoint", "read_learner_checkpoint",
-    "write_checkpoint",
+    "load_newest_checkpoint", "write_checkpoint",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -81,6 +83,17 @@ def read_learner_checkpoint(path: str | os.PathLike, step: int) -> dict:
         raise ValueError(f"checkpoint {os.fspath(path)} has format {data['format']} step {data['step']}, "
                          "which does not fit its name")
     return data
+
+
+def load_newest_checkpoint(run_dir: str | os.PathLike, log: Callable[[str], Any]) -> tuple[dict, str] | None:
+    """The newest of the run's learner checkpoints that loads, and its path; a damaged one is skipped
+    with a log line."""
+    for step, path in reversed(list_checkpoints(run_dir)):
+        try:
+            return read_learner_checkpoint(path, step), path
+        except ValueError as exc:
+            log(f"learner: skipping damaged checkpoint: {exc}")
+    return None
 
 
 def write_checkpoint(path: str | os.PathLike, contents: dict) -> None:

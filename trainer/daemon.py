@@ -1094,7 +1094,7 @@ class Daemon:
 
     def _restore_published(self) -> None:
         """Re-announce the last published generation; publish the newest one when none was."""
-        from trainer.learner import newest_generation
+        from trainer.run_setup import newest_generation
 
         published = [r for r in read_jsonl(os.path.join(self.run_dir, PUBLISHED_FILE))
                      if isinstance(r.get("generation"), int) and isinstance(r.get("onnx"), str)
