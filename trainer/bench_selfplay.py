@@ -8,9 +8,11 @@ again for nothing, seconds of CPU apiece on a small machine.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -162,12 +164,15 @@ def format_selfplay_report(figures: dict) -> str:
 
 
 def fresh_network(cfg: Any) -> str:
-    """A freshly initialised network of ``cfg``'s model, exported to a temporary ONNX file."""
+    """A freshly initialised network of ``cfg``'s model, exported to a temporary ONNX file (removed
+    when this process exits: the bench's measuring processes read it until then)."""
     from trainer.export import export_onnx
     from trainer.run_setup import net_config
     from trainer.model import build_net
 
-    path = os.path.join(tempfile.mkdtemp(prefix="cyzero-bench-"), f"fresh-{cfg.model.net}.onnx")
+    folder = tempfile.mkdtemp(prefix="cyzero-bench-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = os.path.join(folder, f"fresh-{cfg.model.net}.onnx")
     export_onnx(build_net(net_config(cfg), seed=cfg.train.seed), path, "fp32", check_positions=8)
     return path
 
