@@ -31,7 +31,8 @@ import functools
 import os
 import platform
 
-__all__ = ["cpuinfo_flags", "isa_cap", "features", "vector_isa", "native_bf16", "has_amx", "clock_ghz", "peak_macs", "describe"]
+__all__ = ["cpuinfo_flags", "isa_cap", "features", "vector_isa", "native_bf16", "has_amx", "clock_ghz", "peak_macs", "describe",
+           "usable_core_ids", "usable_cores"]
 
 # MACs a cycle a core, per instruction set and arithmetic (see the module doc).
 _PEAK_PER_CYCLE = {
@@ -149,6 +150,22 @@ def peak_macs(arithmetic: str, flags: frozenset[str] | None = None,
     return per_cycle * ghz * 1e9
 
 
+def usable_core_ids() -> list[int]:
+    """The cores this process may run on, in order: its affinity (``taskset``, a container's
+    cpuset, a tournament manager's pinning), not the machine's count; every core where there is
+    no affinity (macOS)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (:func:`usable_core_ids`), so that processes started
+    under ``taskset -c 1`` size themselves to one."""
+    return max(1, len(usable_core_ids()))
+
+
 def describe(flags: frozenset[str] | None = None) -> str:
     """One line for a figure's machine: ``x86_64 AVX-512 VNNI, AVX-512 BF16, 2 cores at 2.6 GHz``
     (and, under a cap, ``; OpenVINO held to AVX2``)."""
@@ -160,7 +177,7 @@ def describe(flags: frozenset[str] | None = None) -> str:
     if "amx_int8" in flags:
         parts.append("AMX int8")
     ghz = clock_ghz()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     clock = f" at {ghz:.1f} GHz" if ghz else ""
     held = f"; OpenVINO held to {vector_isa()} (ONEDNN_MAX_CPU_ISA)" if capped else ""
     return f"{platform.machine()} {', '.join(parts)}, {cores} cores{clock}{held}"

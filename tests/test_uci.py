@@ -103,8 +103,8 @@ def test_default_threads_leave_a_core_for_the_search_and_the_reader(monkeypatch,
     pinning counts, not the machine's cores), so that stop is read and answered at once."""
     import uci.options as options
 
-    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    monkeypatch.setattr(options.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
     declared = {opt.name: opt for opt in options.engine_options()}
     assert declared["Threads"].default == threads
 

@@ -1,5 +1,5 @@
 """Where the training system runs: one device grammar for the self-play workers, the learner and
-the daemon, and the cores this process may use.
+the daemon, and the cores this process may use (counted by engine.processor, as the engine counts them).
 
 A device list is comma-separated: ``cpu``, ``cpu:N`` (N processes: the learner's ranks),
 ``cuda`` and ``cuda:N``, and after a GPU a bare index (``cuda:0,1`` is ``cuda:0,cuda:1``).
@@ -11,9 +11,10 @@ imports no torch: only :func:`check_cuda`, which asks torch for this machine's G
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Sequence
+
+from engine.processor import usable_core_ids, usable_cores  # the engine's, for the trainer's callers
 
 __all__ = ["Devices", "NO_LEARNER", "selfplay_devices", "learner_devices", "learner_ranks", "check_cuda",
            "usable_cores", "usable_core_ids"]
@@ -127,16 +128,3 @@ def check_cuda(spec: str, ids: Sequence[int] | None, flag: str = "--devices") ->
     return ids
 
 
-def usable_core_ids() -> list[int]:
-    """The cores this process may run on, in order: its affinity (``taskset``, a container's
-    cpuset), not the machine's count; every core where there is no affinity (macOS)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
-
-
-def usable_cores() -> int:
-    """How many cores this process may run on (:func:`usable_core_ids`), so that processes started
-    under ``taskset -c 1`` size themselves to one."""
-    return max(1, len(usable_core_ids()))

@@ -8,11 +8,11 @@ current value as it was.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from engine.params import Param, SearchParams
+from engine.processor import usable_cores
 
 # The bundled network: an empty WeightsFile, declared `default <empty>` as Stockfish declares its
 # empty strings (a `<default>` came back from python-chess as '>': its option parser splits on the
@@ -114,11 +114,7 @@ def default_threads() -> int:
     that the search thread and the reader of stop always find a core. With both cores of a
     2-core machine given to ONNX Runtime, `cyzero bench uci` measured stop -> bestmove p99
     4.3 ms; with one, 0.7 ms, for 10% fewer nodes/s."""
-    try:
-        cpus = len(os.sched_getaffinity(0))    # what a tournament manager's pinning leaves
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus - 1, 4))
+    return max(1, min(usable_cores() - 1, 4))   # what a tournament manager's pinning leaves
 
 
 def engine_options() -> list[Option]:
