@@ -23,6 +23,7 @@ fetched networks too and may not import ``trainer``; they are re-exported here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -77,19 +78,35 @@ def atomic_write_with_sha256(path: str | os.PathLike, data: bytes) -> str:
     return digest
 
 
-def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """Append one JSON line to an append-only log with a single write, fsynced.
+def append_durably(path: str | os.PathLike, data: bytes) -> None:
+    """Append ``data`` to an append-only file so that it survives a crash when this returns.
 
-    A reader (:func:`read_jsonl`) skips a torn last line, so a writer killed mid-line
-    costs that line only; the log is never rewritten.
+    One ``O_APPEND`` write under an exclusive ``flock`` (so two writers never interleave),
+    then ``fsync``; a new file's directory entry is fsynced too. A writer killed mid-line
+    leaves a fragment without its newline: the next append starts on a line of its own,
+    so the fragment costs only itself (readers skip it).
     """
-    line = (json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
-        os.close(fd)
+        os.close(fd)   # releases the lock
+    if size == 0:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON line to an append-only log (:func:`append_durably`); :func:`read_jsonl`
+    skips a torn line, so the log is never rewritten."""
+    append_durably(path, (json.dumps(record, separators=(",", ":"), allow_nan=True) + "\n").encode())
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
@@ -119,5 +136,5 @@ def json_objects(lines) -> list[dict]:
 __all__ = [
     "SHA256_SUFFIX", "fsync_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text",
     "sha256_bytes", "sha256_file", "sha256_path", "write_sha256", "read_sha256", "verify_sha256",
-    "atomic_write_with_sha256", "append_jsonl", "read_jsonl", "json_objects",
+    "atomic_write_with_sha256", "append_durably", "append_jsonl", "read_jsonl", "json_objects",
 ]

@@ -46,7 +46,7 @@ import zmq
 
 from engine.announce import rehost
 from trainer import EXIT_WITH_PARENT_ENV, wire
-from trainer.atomic import append_jsonl, atomic_write_text, read_jsonl
+from trainer.atomic import append_durably, append_jsonl, atomic_write_text, read_jsonl
 from trainer.config import TrainConfig, load_config, named_config_path
 from trainer.devices import (
     NO_LEARNER, check_cuda, learner_devices, learner_ranks, selfplay_devices, usable_core_ids, usable_cores,
@@ -1076,13 +1076,7 @@ class Daemon:
         text = "".join(g.pgn.rstrip("\n") + "\n\n" for g in games)
         try:
             os.makedirs(folder, exist_ok=True)
-            fd = os.open(os.path.join(folder, f"games-g{generation:05d}.pgn"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                         0o644)
-            try:
-                os.write(fd, text.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_durably(os.path.join(folder, f"games-g{generation:05d}.pgn"), text.encode())
         except OSError as e:  # the games are stored: a PGN lost is not worth a resend
             self.log(f"PGNs of generation {generation} not written: {e}")
 

@@ -44,8 +44,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from engine.files import fsync_dir
-from trainer.atomic import read_jsonl
+from trainer.atomic import append_durably, read_jsonl
 from trainer.config import is_validation
 from trainer.records import (
     INPUT_FORMAT_CLASSICAL,
@@ -210,23 +209,8 @@ class ReplayStore:
             return list(live.values()), records
 
     def _append(self, obj: dict) -> None:
-        """Append one line durably: O_APPEND under an exclusive flock, one write, fsync."""
-        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         with self._lock:
-            fd = os.open(self.manifest, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    line = b"\n" + line      # a writer died mid-line: leave its fragment a line of its own
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)   # releases the lock
-            if size == 0:
-                fsync_dir(self.dir)   # the manifest's own directory entry
+            append_durably(self.manifest, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
 
     def entries(self) -> list[ChunkEntry]:
         """The live chunks, oldest first (re-reads the manifest; a torn line is ignored)."""
