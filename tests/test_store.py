@@ -266,3 +266,24 @@ def test_game_ids_are_kept_in_the_manifest_for_the_duplicate_check(tmp_path):
     assert ReplayStore(tmp_path).newest_game_ids() == ["a1", "b2"]
     with pytest.raises(ValueError, match="one string per game"):
         store.append_games([_game([5])], generation=2, source="selfplay", game_ids=["x", "y"])
+
+
+def test_status_and_the_store_replay_the_manifest_alike(tmp_path):
+    """One parser of the log (trainer.rundir.ManifestLog): the live chunks `status` reads are the
+    store's, whatever torn, malformed, unknown or pruning lines the log holds."""
+    from trainer.rundir import read_manifest
+
+    store = ReplayStore(tmp_path)
+    chunks = _fill(store, [3, 2, 4])
+    store.append_games([_game([9])], generation=1, source="selfplay", game_ids=["g1"])
+    good = {"op": "add", "name": "x-g00000-1.gz", "positions": 1, "games": 1, "generation": 0, "source": "x",
+            "time": 1.0}
+    with open(store.manifest, "ab") as f:
+        for line in (json.dumps({**good, "positions": 0}), json.dumps({**good, "games": True}),
+                     json.dumps({**good, "name": "../up.gz"}), json.dumps({**good, "op": "rename"}),
+                     json.dumps({"op": "prune", "names": [chunks[1].name]}), '[1, 2]', 'not json',
+                     json.dumps({**good, "name": chunks[0].name})):   # a chunk added twice counts once
+            f.write(line.encode() + b"\n")
+    expected = [chunks[0], chunks[2]]
+    assert store.entries()[:2] == expected and len(store.entries()) == 3
+    assert read_manifest(str(tmp_path)) == ReplayStore(tmp_path).entries()

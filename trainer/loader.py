@@ -55,7 +55,8 @@ from trainer.records import (
     parse_chunk,
     read_chunk,
 )
-from trainer.store import ChunkEntry, ReplayStore, cache_paths
+from trainer.rundir import Chunk
+from trainer.store import ReplayStore, cache_paths
 
 __all__ = [
     "WindowConfig",
@@ -167,7 +168,7 @@ class ReplaySampler:
         self._plan = _Window(self.seed, self.batch_size, [], np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0)
         self.refresh()
 
-    def _use(self, entries: list[ChunkEntry], records: int) -> None:
+    def _use(self, entries: list[Chunk], records: int) -> None:
         train = [e for e in entries if not is_validation(e.name, self.window.val_percent)]
         sizes = np.array([e.positions for e in train], dtype=np.int64)
         ends = np.cumsum(sizes)

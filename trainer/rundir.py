@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from trainer.atomic import json_objects
@@ -30,7 +30,8 @@ __all__ = [
     "LOG_DIR", "EVALUATION_FILE", "RATINGS_FILE", "REPLAY_DIR", "MANIFEST", "BOOTSTRAP_DIR", "RUN_MARKERS",
     "LEARNER_LOCK", "DAEMON_LOCK", "EVALUATION_LOCK", "RunBusy", "run_lock", "lock_path", "checkpoint_path",
     "network_path", "bootstrap_state_path", "list_checkpoints", "check_run_dir", "resolve_config", "pid_alive", "process_runs", "Chunk",
-    "read_manifest", "read_evaluations", "read_ratings", "OPPONENT", "read_log", "read_log_tail",
+    "CHUNK_NAME", "manifest_record", "ManifestLog", "read_manifest", "read_evaluations", "read_ratings", "OPPONENT",
+    "read_log", "read_log_tail",
     "read_json_object", "as_number", "as_int", "as_text",
 ]
 
@@ -275,53 +276,115 @@ def as_text(value: Any) -> str | None:
 
 
 class Chunk(NamedTuple):
-    """One live chunk of the replay manifest (what ``status``, ``plot`` and the ladder need of it)."""
+    """One chunk added to the replay manifest."""
 
-    name: str
+    name: str          # file name under replay/chunks
     positions: int
     games: int
-    generation: int
-    source: str
-    time: float
+    generation: int    # network generation that played the games (0 = bootstrap/PGN/teacher)
+    source: str        # "teacher", "pgn", "selfplay", "lc0", ...
+    time: float        # unix time it became durable
 
 
+CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.gz")
 _GAME_IDS = b',"game_ids":'
 
 
-def read_manifest(run_dir: str) -> list[Chunk]:
-    """The live chunks of RUN/replay/manifest.jsonl, oldest first, as trainer.store replays the
-    log (an ``add`` line adds a chunk once, a ``prune`` line removes names; a torn or malformed
-    line is skipped). A self-play line ends with its game ids, most of its bytes: they are cut off
-    before the line is parsed (the whole line is parsed when that does not give valid JSON)."""
+def manifest_record(line: bytes) -> Chunk | list[str]:
+    """What one line of the replay manifest records: an added chunk, or the names a prune removed;
+    ``ValueError`` for a torn or malformed line. A self-play line ends with its game ids, most of
+    its bytes: they are cut off before the line is parsed (the whole line is parsed when the cut
+    one is not JSON); only the duplicate check reads them (``ReplayStore.newest_game_ids``)."""
+    cut = line.find(_GAME_IDS)
     try:
-        with open(os.path.join(run_dir, MANIFEST), "rb") as f:
-            data = f.read()
-    except OSError:
-        return []
-    live: dict[str, Chunk] = {}
-    for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
-        if not line.strip():
-            continue
-        cut = line.find(_GAME_IDS)
+        obj = json.loads(line[:cut] + b"}" if cut > 0 else line)
+    except ValueError:
+        obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    op = obj.get("op")
+    if op == "prune":
+        if not isinstance(obj.get("names"), list):
+            raise ValueError("a prune line lists names")
+        return [str(name) for name in obj["names"]]
+    if op != "add":
+        raise ValueError(f"unknown op {op!r}")
+    name, source, when = obj.get("name"), obj.get("source"), as_number(obj.get("time"))
+    if not (isinstance(name, str) and CHUNK_NAME.fullmatch(name)):
+        raise ValueError(f"bad chunk name {name!r}")
+    counts = [obj.get(field) for field in ("positions", "games", "generation")]
+    for field, value in zip(("positions", "games", "generation"), counts):
+        if as_int(value) is None or value < 0:
+            raise ValueError(f"bad {field} {value!r}")
+    if counts[0] == 0 or not isinstance(source, str) or when is None:
+        raise ValueError("a chunk needs positions, a source and a time")
+    return Chunk(name, *counts, source, float(when))
+
+
+class ManifestLog:
+    """The replay manifest (an append-only log) replayed: its records in order, and the live chunks.
+
+    :meth:`read` parses only the complete lines appended since its last call, under a shared
+    ``flock`` so that no half-written line is taken; a torn or malformed line is skipped (said
+    through ``warn``). The one parser of the log: the store, ``status``, ``plot`` and the ladder.
+    """
+
+    def __init__(self, path: str | os.PathLike, warn: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.offset = 0                               # bytes parsed so far
+        self.records: list[Chunk | list[str]] = []   # each line: an added chunk, or pruned names
+        self.live: dict[str, Chunk] = {}              # the log replayed to its end, oldest first
+        self._warn = warn
+
+    def read(self) -> ManifestLog:
         try:
-            obj = json.loads(line[:cut] + b"}" if cut > 0 else line)
-        except ValueError:
-            try:
-                obj = json.loads(line)
-            except ValueError:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return self
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            blocks = []
+            offset = self.offset
+            while block := os.pread(fd, 1 << 20, offset):
+                blocks.append(block)
+                offset += len(block)
+        finally:
+            os.close(fd)
+        data = b"".join(blocks)
+        for line in data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]:   # a last line without its newline is in progress
+            at = self.offset
+            self.offset += len(line) + 1
+            if not line.strip():
                 continue
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("op") == "add":
-            name, positions, games = obj.get("name"), as_int(obj.get("positions")), as_int(obj.get("games"))
-            generation, source, when = as_int(obj.get("generation")), obj.get("source"), as_number(obj.get("time"))
-            if (isinstance(name, str) and isinstance(source, str) and positions and positions > 0
-                    and games is not None and generation is not None and when is not None):
-                live.setdefault(name, Chunk(name, positions, games, generation, source, float(when)))
-        elif obj.get("op") == "prune" and isinstance(obj.get("names"), list):
-            for name in obj["names"]:
-                live.pop(str(name), None)
-    return list(live.values())
+            try:
+                record = manifest_record(line)
+            except ValueError as exc:
+                if self._warn:
+                    self._warn(f"{self.path}: ignoring a torn or malformed line at byte {at} ({exc})")
+                continue
+            self.records.append(record)
+            if isinstance(record, Chunk):
+                self.live.setdefault(record.name, record)
+            else:
+                for name in record:
+                    self.live.pop(name, None)
+        return self
+
+    def live_after(self, records: int) -> list[Chunk]:
+        """The live chunks after the log's first ``records`` records (a sampler's snapshot)."""
+        live: dict[str, Chunk] = {}
+        for record in self.records[:records]:
+            if isinstance(record, Chunk):
+                live.setdefault(record.name, record)
+            else:
+                for name in record:
+                    live.pop(name, None)
+        return list(live.values())
+
+
+def read_manifest(run_dir: str) -> list[Chunk]:
+    """The live chunks of RUN/replay/manifest.jsonl, oldest first."""
+    return list(ManifestLog(os.path.join(run_dir, MANIFEST)).read().live.values())
 
 
 OPPONENT = re.compile(r"random|gen\d+|sf-skill\d+")  # the ladder's players (trainer.evaluate)

@@ -24,8 +24,6 @@ write and read the store; the sampler and the batches over it are :mod:`trainer.
 from __future__ import annotations
 
 import collections
-import dataclasses
-import fcntl
 import gzip
 import io
 import json
@@ -38,7 +36,6 @@ import threading
 import time
 import uuid
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -46,6 +43,7 @@ import numpy as np
 
 from trainer.atomic import append_durably, read_jsonl
 from trainer.config import is_validation
+from trainer.rundir import Chunk, ManifestLog
 from trainer.records import (
     INPUT_FORMAT_CLASSICAL,
     RECORD_DTYPE,
@@ -59,7 +57,6 @@ from trainer.records import (
 
 __all__ = [
     "MANIFEST",
-    "ChunkEntry",
     "ChunkWriter",
     "ReplayStore",
     "hold_out",
@@ -72,39 +69,12 @@ __all__ = [
 log = logging.getLogger("cyzero.replay")
 
 MANIFEST = "manifest.jsonl"
-_CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.gz")
 _SOURCE = re.compile(r"[A-Za-z0-9_]+")
 
 # Age after which prune removes what a killed process left (temp files, chunks never listed).
 _STALE_S = 3600.0
 # One lc0 game is at most a few MB of records; more is not a game (or a gzip bomb).
 _MAX_LC0_GAME_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class ChunkEntry:
-    """One chunk in the manifest."""
-
-    name: str          # file name under replay/chunks
-    positions: int
-    games: int
-    generation: int    # network generation that played the games (0 = bootstrap/PGN/teacher)
-    source: str        # "teacher", "pgn", "selfplay", "lc0", ...
-    time: float        # unix time it became durable
-
-
-def _entry_from(obj: dict) -> ChunkEntry:
-    entry = ChunkEntry(obj["name"], obj["positions"], obj["games"], obj["generation"], obj["source"],
-                       float(obj["time"]))
-    if not (isinstance(entry.name, str) and _CHUNK_NAME.fullmatch(entry.name)):
-        raise ValueError(f"bad chunk name {entry.name!r}")
-    for field in ("positions", "games", "generation"):
-        value = getattr(entry, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"bad {field} {value!r}")
-    if entry.positions == 0 or not isinstance(entry.source, str):
-        raise ValueError("a chunk needs positions and a source")
-    return entry
 
 
 def _game_array(records: np.ndarray, input_format: int, checked: bool = False) -> np.ndarray:
@@ -136,83 +106,30 @@ class ReplayStore:
         for d in (self.chunks_dir, self.cache_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._offset = 0                            # bytes of the manifest parsed so far
-        self._ops: list[ChunkEntry | list[str]] = []   # the log's records: an added chunk, pruned names
-        self._live: dict[str, ChunkEntry] = {}      # the log replayed to its end, oldest first
+        self._log = ManifestLog(self.manifest, warn=log.warning)   # replayed as it grows, under the lock
 
     # -- the manifest log ------------------------------------------------------------------
 
-    def _read_new(self) -> None:
-        """Parse the manifest's complete lines past what was read before (it only grows)."""
-        try:
-            fd = os.open(self.manifest, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)   # no half-written line from a writer in progress
-            chunks = []
-            offset = self._offset
-            while True:
-                block = os.pread(fd, 1 << 20, offset)
-                if not block:
-                    break
-                chunks.append(block)
-                offset += len(block)
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        end = data.rfind(b"\n") + 1      # a last line without its newline is torn or in progress
-        for line in data[:end].split(b"\n")[:-1]:
-            at = self._offset
-            self._offset += len(line) + 1
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                op = obj["op"]
-                if op == "add":
-                    entry = _entry_from(obj)
-                    ids = obj.get("game_ids", [])
-                    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-                        raise ValueError("game_ids must be a list of strings")
-                    self._ops.append(entry)
-                    self._live.setdefault(entry.name, entry)
-                elif op == "prune":
-                    names = [str(n) for n in obj["names"]]
-                    self._ops.append(names)
-                    for name in names:
-                        self._live.pop(name, None)
-                else:
-                    log.warning("%s: ignoring a line of unknown op %r at byte %d", self.manifest, op, at)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("%s: ignoring a torn or malformed line at byte %d (%s)", self.manifest, at, exc)
-
-    def snapshot(self, records: int | None = None) -> tuple[list[ChunkEntry], int]:
+    def snapshot(self, records: int | None = None) -> tuple[list[Chunk], int]:
         """The live chunks after the manifest's first ``records`` records (all of them: None), and that
         count: the snapshot that a sampler (:class:`trainer.loader.ReplaySampler`) plans from."""
         with self._lock:
-            self._read_new()
+            self._log.read()
+            held = len(self._log.records)
             if records is None:
-                return list(self._live.values()), len(self._ops)
-            if records > len(self._ops):
+                return list(self._log.live.values()), held
+            if records > held:
                 raise ValueError(
-                    f"{self.manifest} holds {len(self._ops)} records but the replay cursor was taken "
+                    f"{self.manifest} holds {held} records but the replay cursor was taken "
                     f"at {records}: this is not the run the checkpoint came from, or its manifest was lost"
                 )
-            live: dict[str, ChunkEntry] = {}
-            for op in self._ops[:records]:
-                if isinstance(op, ChunkEntry):
-                    live.setdefault(op.name, op)
-                else:
-                    for name in op:
-                        live.pop(name, None)
-            return list(live.values()), records
+            return self._log.live_after(records), records
 
     def _append(self, obj: dict) -> None:
         with self._lock:
             append_durably(self.manifest, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
 
-    def entries(self) -> list[ChunkEntry]:
+    def entries(self) -> list[Chunk]:
         """The live chunks, oldest first (re-reads the manifest; a torn line is ignored)."""
         return self.snapshot()[0]
 
@@ -253,7 +170,7 @@ class ReplayStore:
 
     def append_games(self, games: Sequence[np.ndarray], *, generation: int, source: str,
                      game_ids: Sequence[str] | None = None, held_out: bool | None = None,
-                     val_percent: float = 0.0, members: Sequence[bytes] | None = None) -> ChunkEntry:
+                     val_percent: float = 0.0, members: Sequence[bytes] | None = None) -> Chunk:
         """Commit ``games`` (each a RECORD_DTYPE array, one game's positions in order) as ONE new chunk.
 
         Durable when it returns: the chunk is fsynced and renamed into place,
@@ -281,8 +198,8 @@ class ReplayStore:
             write_chunk(self.chunks_dir / name, np.concatenate(arrays))
         else:
             write_chunk_members(self.chunks_dir / name, members)
-        entry = ChunkEntry(name, sum(a.size for a in arrays), len(arrays), generation, source, time.time())
-        line = {"op": "add", **dataclasses.asdict(entry)}
+        entry = Chunk(name, sum(a.size for a in arrays), len(arrays), generation, source, time.time())
+        line = {"op": "add", **entry._asdict()}
         if game_ids is not None:
             line["game_ids"] = list(game_ids)
         self._append(line)
@@ -418,7 +335,7 @@ class ChunkWriter:
         self.generation = generation
         self.source = source
         self.positions_per_chunk = positions_per_chunk
-        self.committed: list[ChunkEntry] = []
+        self.committed: list[Chunk] = []
         self._games: list[np.ndarray] = []
         self._positions = 0
 
@@ -426,7 +343,7 @@ class ChunkWriter:
     def buffered_positions(self) -> int:
         return self._positions
 
-    def add_game(self, records: np.ndarray) -> ChunkEntry | None:
+    def add_game(self, records: np.ndarray) -> Chunk | None:
         """Buffer one game (a copy); returns the chunk it committed, if this game filled one."""
         game = _game_array(records, self.store.input_format).copy()
         self._games.append(game)
@@ -435,7 +352,7 @@ class ChunkWriter:
             return self.commit()
         return None
 
-    def commit(self) -> ChunkEntry | None:
+    def commit(self) -> Chunk | None:
         """Commit the buffered games as one chunk now (None when there are none)."""
         if not self._games:
             return None
@@ -463,7 +380,7 @@ class ChunkWriter:
 class ImportSummary(NamedTuple):
     files: int            # lc0 chunk files (one game each) imported
     positions: int
-    chunks: list[ChunkEntry]
+    chunks: list[Chunk]
     skipped: list[str]    # one line per file that could not be read or converted
 
     def __str__(self) -> str:
