@@ -199,7 +199,7 @@ setup(
         "gpu": [f"onnxruntime-gpu; {ORT_GPU}"],
         # torch itself: install the pin you want first (see the Makefile's TORCH);
         # onnxscript is imported by torch.onnx.export's default (dynamo) exporter.
-        # psutil names the process that holds a port the daemon cannot bind (trainer.daemon.port_in_use).
+        # psutil names the process that holds a port the daemon cannot bind (trainer.endpoints.port_in_use).
         "train": ["torch", "onnxscript", "tqdm", "matplotlib", "tensorboard", "psutil"],
         # mypy >= 1.18 understands @disjoint_base, which the engine/*.pyi stubs use (tests/test_stubs.py).
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "mypy>=1.18"],

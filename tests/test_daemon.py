@@ -272,16 +272,16 @@ def test_the_memory_of_stored_game_ids_is_bounded_and_a_recent_resend_still_drop
     with Running(run_dir, recent_game_ids=limit) as running, Client(running.info["endpoint"]) as client:
         for i in range(0, len(sent), 10):  # several chunks, oldest first
             send_all(client, sent[i:i + 10])
-        assert len(running.daemon._stored) == limit  # 3 x limit games stored, limit ids remembered
+        assert len(running.daemon._ingest.stored) == limit  # 3 x limit games stored, limit ids remembered
         for recent in (sent[-1], sent[-limit]):
             client.send(recent)  # its ack was lost: resent, acknowledged again, not stored again
             assert client.expect(wire.Ack).game_ids == (recent.game_id,)
-        assert len(running.daemon._stored) == limit
+        assert len(running.daemon._ingest.stored) == limit
     ids = stored_ids(run_dir)
     assert sorted(ids) == sorted(g.game_id for g in sent)  # each stored once
 
     with Running(run_dir, recent_game_ids=limit) as running, Client(running.info["endpoint"]) as client:
-        assert len(running.daemon._stored) == limit  # a restart reads back only the newest
+        assert len(running.daemon._ingest.stored) == limit  # a restart reads back only the newest
         client.register()
         client.send(sent[-1])  # resent to the restarted daemon
         assert client.expect(wire.Ack).game_ids == (sent[-1].game_id,)
@@ -289,7 +289,7 @@ def test_the_memory_of_stored_game_ids_is_bounded_and_a_recent_resend_still_drop
         send_all(client, more)
         client.send(more[0])
         assert client.expect(wire.Ack).game_ids == (more[0].game_id,)
-        assert len(running.daemon._stored) == limit
+        assert len(running.daemon._ingest.stored) == limit
     assert sorted(stored_ids(run_dir)) == sorted(g.game_id for g in sent + more)
 
 
@@ -652,7 +652,7 @@ def test_a_coordinator_starts_no_worker_and_no_learner_and_serves_remote_ones(ru
 
     cfg = config(daemon={"endpoint": "tcp://127.0.0.1:*"})
     with Running(run_dir, cfg, worker=never, learner=never, workers_per_device=0, learner_devices="none") as running:
-        assert running.daemon._workers == {} and running.daemon._learner is None
+        assert running.daemon._workers == {} and running.daemon._supervisor.learner is None
         assert any("no self-play worker on this machine" in line and "cyzero-train worker --connect tcp://" in line
                    for line in running.lines)
         assert any("no learner on this machine (--learner-devices = none)" in line for line in running.lines)
@@ -678,7 +678,7 @@ def test_workers_per_device_below_zero_is_refused(run_dir):
 
 
 def test_status_names_the_addresses_a_remote_machine_dials_not_the_wildcard(run_dir, tmp_path):
-    from trainer.daemon import machine_addresses
+    from trainer.endpoints import machine_addresses
     from trainer.keys import create_keys
     from trainer.report import format_status, run_status
 
@@ -712,7 +712,7 @@ def test_the_learner_gets_its_share_of_the_cores_and_the_workers_the_rest(run_di
         daemon = running.daemon
         wait_for(lambda: seen.exists() and seen.read_text(), what="the learner's environment")
         assert seen.read_text() == "1"
-        learner_pid = daemon._learner.proc.pid
+        learner_pid = daemon._supervisor.learner.proc.pid
         worker_pid = daemon._workers["local-cpu-0"].child.proc.pid
         assert os.sched_getaffinity(learner_pid) == {usable[-1]}
         assert os.sched_getaffinity(worker_pid) == set(usable[:-1])
@@ -722,7 +722,7 @@ def test_the_learner_gets_its_share_of_the_cores_and_the_workers_the_rest(run_di
         ladder = Daemon.ladder_command(daemon, run_dir)  # the ladder's games take self-play's share too
         assert ladder[3:6] == ["evaluate", run_dir, "--follow"] and ladder[-2:] == ["--nice", "10"]
         assert ladder[ladder.index("--config") + 1] == os.path.join(run_dir, "config.effective.toml")
-        wait_for(lambda: daemon._ladder.alive(), what="the ladder child")
+        wait_for(lambda: daemon._supervisor.ladder.alive(), what="the ladder child")
     with pytest.raises(ValueError, match="leaves the workers none"):
         Daemon(run_dir, config(daemon={"learner_cores": len(usable)})).start()
 
@@ -798,7 +798,7 @@ def test_held_back_lines_are_counted_after_a_quiet_spell_not_only_at_the_next_on
 def test_port_gives_the_daemon_three_ports_and_auto_free_ones():
     """`make train` beside another run stopped on a taken port, with no way but editing RUN/config.toml."""
     from trainer.config import load_named_config
-    from trainer.daemon import on_ports
+    from trainer.endpoints import on_ports
 
     config = load_named_config("cpu")
     d = on_ports(config, "5790").daemon
@@ -818,16 +818,16 @@ def test_the_live_workers_share_the_credit_and_a_worker_that_spent_it_is_answere
     ack carries the credit, and when a worker has as many games buffered as its credit the daemon
     stores them at the end of that read instead of waiting for flush_s or flush_games (it would idle
     the worker); fewer wait. The daemon's loop is driven by hand here, so nothing depends on speed."""
-    from trainer import daemon as daemon_module
+    from trainer import ingest as ingest_module
 
-    monkeypatch.setattr(daemon_module, "IN_FLIGHT_GAMES", 4)
+    monkeypatch.setattr(ingest_module, "IN_FLIGHT_GAMES", 4)
     daemon = Daemon(run_dir, config(), log=lambda line: None, worker_command=lambda *args: SLEEP,
                     learner_command=lambda *args: SLEEP, ladder_command=lambda *args: SLEEP)
     daemon.start()
 
     def receive():
-        assert daemon._router.poll(10_000)
-        daemon._receive()
+        assert daemon._ingest.router.poll(10_000)
+        daemon._ingest.receive()
 
     try:
         with Client(daemon.endpoint) as a, Client(daemon.endpoint) as b:
@@ -862,15 +862,15 @@ def test_the_daemon_says_when_it_is_at_capacity_and_when_it_keeps_up_again(run_d
     """Said once each way, with a band between (busy 70-90% says nothing new), and only per window."""
     lines: list[str] = []
     daemon = Daemon(run_dir, config(), log=lines.append)
-    load = daemon._load
+    load = daemon._ingest.load
 
     def window(busy_share: float, games: int) -> None:
         now = time.monotonic()
-        load.since, load.busy = now - daemon_module.LOAD_WINDOW_S, busy_share * daemon_module.LOAD_WINDOW_S
-        daemon._games_total += games
-        daemon._note_load(now)
+        load.since, load.busy = now - ingest_module.LOAD_WINDOW_S, busy_share * ingest_module.LOAD_WINDOW_S
+        daemon._ingest.games_total += games
+        daemon._ingest.note_load(now)
 
-    from trainer import daemon as daemon_module
+    from trainer import ingest as ingest_module
 
     window(0.5, 100)
     assert lines == []
@@ -880,6 +880,6 @@ def test_the_daemon_says_when_it_is_at_capacity_and_when_it_keeps_up_again(run_d
     window(0.8, 10_000)
     window(0.95, 10_000)
     assert len(lines) == 1
-    daemon._note_load(time.monotonic())          # within the window: nothing measured yet
+    daemon._ingest.note_load(time.monotonic())  # within the window: nothing measured yet
     window(0.4, 5_000)
     assert len(lines) == 2 and "keeping up again" in lines[-1] and "500 games/s" in lines[-1]

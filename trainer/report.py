@@ -183,7 +183,7 @@ def _worker(record: dict) -> dict:
 
 def reachable(endpoint: str, addresses: Sequence[str]) -> list[str]:
     """A bound endpoint as a remote machine dials it: a wildcard host becomes each of ``addresses``
-    (``trainer.daemon.machine_addresses``); any other endpoint is itself."""
+    (``trainer.endpoints.machine_addresses``); any other endpoint is itself."""
     if not is_wildcard(endpoint) or not addresses:
         return [endpoint]
     return [rehost(endpoint, address) for address in addresses]
