@@ -17,7 +17,9 @@ import zmq
 from engine.announce import fetch_memory_bound
 from trainer import wire
 from trainer.atomic import read_jsonl
-from trainer.bench_fleet import BENCH_CONFIG, _Fleet, bench_fleet, format_fleet_report, game_frames, template_games
+from trainer.bench_fleet import bench_fleet, format_fleet_report
+from trainer.fleet_daemon import BENCH_CONFIG
+from trainer.fleet_workers import Fleet, game_frames, template_games
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -163,8 +165,8 @@ def _registered_fleet(workers: int, credit: int):
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    fleet = _Fleet(f"tcp://127.0.0.1:{port}", workers, rate=4.0, templates=template_games(positions=3, count=2),
-                   keys=None, generation=lambda: 0)
+    fleet = Fleet(f"tcp://127.0.0.1:{port}", workers, rate=4.0, templates=template_games(positions=3, count=2),
+                  keys=None, generation=lambda: 0)
     try:
         for identity, _ in _exchange(fleet, router, wire.Register, workers):
             router.send_multipart([identity, *wire.encode(wire.Registered("run", credit=credit))])

@@ -1,20 +1,14 @@
 """``cyzero-train bench fleet``: a simulated fleet against the real daemon, to measure what one daemon serves.
 
-The daemon is the real one: ``cyzero-train run RUN --port auto`` with no local worker and
-no learner, started here (``--profile``: under cProfile), or one already serving a run this
-bench made (``--attach``). The fleet is simulated, light enough that this one process stands
-in for 64 workers on 2 cores:
+The daemon is the real one (:mod:`trainer.fleet_daemon`): ``cyzero-train run RUN --port auto`` with
+no local worker and no learner, started here (``--profile``: under cProfile), or one already serving
+a run this bench made (``--attach``). The fleet is simulated, light enough that this one process
+stands in for 64 workers on 2 cores:
 
-* N workers: one DEALER each (a CurveZMQ client when the run has keys), all on one thread and
-  one ``zmq.Poller``. Each registers, heartbeats and sends its games as :mod:`trainer.worker`
-  does: a game is sent while fewer than the daemon's credit of its games await acks (the others
-  wait on the worker), held until its ``Ack``, resent every ``RESEND_S``, and a worker holding
-  ``MAX_UNACKED_GAMES`` skips its next games (a real worker pauses self-play there). The fleet's
-  games follow a schedule, game k due k / rate seconds after the start, dealt round-robin.
-  Each game is a real wire message (:mod:`trainer.wire`) with a fresh id,
-  carrying the records and PGN of one of a few games made once (:func:`template_games`) in the
-  run's input format: its records' gzip member is compressed once too (a real worker compresses
-  each game, on cores of its own), so that one process can send a fleet's games.
+* N workers (:mod:`trainer.fleet_workers`): one DEALER each (a CurveZMQ client when the run has
+  keys), all on one thread and one ``zmq.Poller``. Each registers, heartbeats and sends its games
+  as :mod:`trainer.worker` does (credit, acks, resends), on a schedule: game k due k / rate seconds
+  after the start, dealt round-robin, each a real wire message made from one of a few games made once.
 * M followers (:mod:`trainer.fleet_followers`), all on one thread: a SUB each for the announcements
   and, for each newer generation, a DEALER that fetches its bytes in pieces with credit as
   :class:`engine.watchers.TrainerFollower` does (:mod:`engine.announce`'s protocol), checks the
@@ -26,71 +20,50 @@ in for 64 workers on 2 cores:
 * psutil samples the daemon's CPU and resident memory and this process's own; the schedule's
   lag and the fleet thread's CPU say when this generator, not the daemon, is the bottleneck.
 
-At the end every acknowledged game id is looked up in the store's manifest (each chunk's line
-lists its games' ids): each must be there exactly once. The bench writes synthetic games and
-networks into its run, so it only runs on a new folder or one it made (its config file marks it).
+At the end every acknowledged game id is looked up in the store's manifest (:mod:`trainer.fleet_store`):
+each must be there exactly once. This module runs it all and reports: the inputs checked, the progress
+line, the figures and the summary. The bench writes synthetic games and networks into its run, so it
+only runs on a new folder or one it made (its config file marks it).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
-import json
 import math
 import os
-import random
 import shutil
-import signal
-import socket as socketlib
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from typing import Any, Callable, Optional
 
 import numpy as np
 import psutil
-import zmq
 
-from engine import __version__
 from engine.announce import MAX_NETWORK_BYTES, fetch_memory_bound, load_client_keys
 from engine.watchers import FETCH_TIMEOUT_S
-from trainer import EXIT_WITH_PARENT_ENV, wire
 from trainer.atomic import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl, sha256_bytes
-from trainer.fleet_followers import Followers, peak_rss
-from trainer.store import MANIFEST as STORE_MANIFEST
-from trainer.worker import HEARTBEAT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S, configure_dealer
+from trainer.fleet_daemon import (
+    BENCH_CONFIG, SAMPLE_S, DaemonProcess, Restart, Sampler, peak_rss, profile_by_function, thread_cpu,
+)
+from trainer.fleet_followers import Followers
+from trainer.fleet_store import check_store, manifest_adds, store_state
+from trainer.fleet_workers import MAX_POSITIONS_PER_GAME, POSITIONS_PER_GAME, Fleet, template_games
 
-__all__ = ["BENCH_CONFIG", "GAMES_PER_HOUR_PER_WORKER", "FleetResult", "bench_fleet", "format_fleet_report",
-           "template_games"]
+__all__ = ["GAMES_PER_HOUR_PER_WORKER", "FleetResult", "bench_fleet", "format_fleet_report"]
 
 # A worker's games an hour: what two GPU stand-in workers played together on 2 cores, 16,620 (see
 # docs/gpu.md, "Figures on the stand-in"), taken for each of the fleet's workers, which have a GPU
 # and cores of their own: 64 of them send about 295 games/s.
 GAMES_PER_HOUR_PER_WORKER = 16_600
-POSITIONS_PER_GAME = 40   # records a game: about 160 plies at the gpu config's full_search_prob 0.25
-MAX_POSITIONS_PER_GAME = 200
-TEMPLATES = 8             # games made once; every game sent is one of them with a fresh id
-_MAX_PLIES = 400          # a template's random game is this long at most (about half of them get there)
-BENCH_CONFIG = "bench-fleet.toml"  # the started daemon's config in RUN; it marks a run the bench made
-START_TIMEOUT_S = 600.0   # the daemon's start: torch's import and generation 0's export
-STOP_TIMEOUT_S = 120.0    # a SIGINT'ed daemon must be gone by then
 REGISTER_TIMEOUT_S = 60.0
 DRAIN_S = 60.0            # after the schedule, the longest wait for the last acks
-SAMPLE_S = 0.25           # the daemon's memory sampled this often (its CPU every fourth sample)
 PROGRESS_S = 5.0
-_RETRY_S = 0.2            # a send ZeroMQ had no room for is tried again this soon
-_SEND_BURST = 256         # games sent at most before the loop reads its replies
-# The run's files as trainer.learner lays them out (importing it would cost this process torch):
-# the learner's generations and networks; and the store's manifest (trainer.store has no torch).
+# The run's files as trainer.learner lays them out (importing it would cost this process torch).
 GENERATIONS = "generations.jsonl"
 NETWORK = os.path.join("networks", "gen-%05d.onnx")
-MANIFEST = os.path.join("replay", STORE_MANIFEST)
-_ID_MARK = "x" * 32       # in a template's PGN: the game id
-_GEN_MARK = "GENERATION"  # in a template's PGN: the generation
 
 
 def _stderr(line: str) -> None:
@@ -106,376 +79,6 @@ def _stats(values: Any) -> dict:
             "p99": float(np.percentile(array, 99)), "max": float(array.max())}
 
 
-# --------------------------------------------------------------------------- the games
-
-
-@dataclasses.dataclass(frozen=True)
-class Template:
-    """One game made once; every game sent from it shares its records' gzip member."""
-
-    records: np.ndarray
-    member: bytes         # the records as one gzip member, as the wire carries them
-    pgn: str              # with _ID_MARK and _GEN_MARK in place of the id and the generation
-    result: str
-    termination: str
-
-
-def _random_game(rng: np.random.Generator, plies: int) -> list[str]:
-    from engine.board import Board
-
-    board = Board()
-    moves: list[str] = []
-    while len(moves) < plies and not board.is_game_over():
-        legal = board.legal_moves()
-        moves.append(legal[int(rng.integers(len(legal)))])
-        board.push_uci(moves[-1])
-    return moves
-
-
-def template_games(input_format: int = 1, positions: int = POSITIONS_PER_GAME, count: int = TEMPLATES,
-                   full_search_prob: float = 0.25, visits: int = 800, seed: int = 0) -> list[Template]:
-    """``count`` games of ``positions`` V6 records on average (0.75 to 1.25 times it), as self-play
-    keeps them: random legal play, a record at a share ``full_search_prob`` of the plies, each with
-    ``visits`` spread over the legal moves (half on the move played, half by a Dirichlet draw)."""
-    import chess
-    import chess.pgn
-
-    from engine.board import Board
-    from trainer.records import RECORD_DTYPE, Eval, compress_records, make_record
-
-    if not 1 <= positions <= MAX_POSITIONS_PER_GAME:
-        raise ValueError(f"positions a game must be 1-{MAX_POSITIONS_PER_GAME}, got {positions}")
-    rng = np.random.default_rng(seed)
-    templates = []
-    for i in range(count):
-        n = max(1, round(positions * (0.75 + 0.5 * i / max(count - 1, 1))))
-        plies = max(n, min(round(n / max(full_search_prob, 1e-3)), _MAX_PLIES))
-        moves = next((m for m in (_random_game(rng, plies) for _ in range(200)) if len(m) == plies), None)
-        if moves is None:
-            raise ValueError(f"no random game of {plies} plies in 200 tries: ask for fewer positions a game")
-        result = wire.RESULTS[i % 3]
-        recorded = set(rng.choice(plies, n, replace=False).tolist())
-        board, records = Board(), []
-        for ply, move in enumerate(moves):
-            if ply in recorded:
-                legal = board.legal_moves()
-                counts = dict(zip(legal, rng.multinomial(visits // 2, rng.dirichlet([0.3] * len(legal))).tolist()))
-                counts[move] += visits - visits // 2
-                mover_won = (result == "1-0") == board.turn
-                result_q, result_d = (0.0, 1.0) if result == "1/2-1/2" else (1.0 if mover_won else -1.0, 0.0)
-                root = Eval(float(rng.uniform(-0.3, 0.3)), float(rng.uniform(0.1, 0.6)), float(plies - ply))
-                records.append(make_record(board, counts, result_q=result_q, result_d=result_d,
-                                           plies_left=plies - ply, played=move, root=root,
-                                           input_format=input_format))
-            board.push_uci(move)
-        game = chess.pgn.Game()
-        termination = "max_plies" if result == "1/2-1/2" else "resignation"
-        for key, value in (("Event", "cyzero self-play"), ("White", "cyzero"), ("Black", "cyzero"),
-                           ("Result", result), ("Termination", termination), ("Generation", _GEN_MARK),
-                           ("GameId", _ID_MARK)):
-            game.headers[key] = value
-        node: Any = game
-        for move in moves:
-            node = node.add_variation(chess.Move.from_uci(move))
-        array = np.array(records, dtype=RECORD_DTYPE)
-        templates.append(Template(array, compress_records(array), str(game), result, termination))
-    return templates
-
-
-def game_frames(template: Template, worker: str, game_id: str, generation: int) -> list:
-    """A ``Game`` message from ``template`` with this id, as :func:`trainer.wire.encode` makes it."""
-    pgn = template.pgn.replace(_ID_MARK, game_id).replace(_GEN_MARK, str(generation))
-    frames = wire.encode(wire.Game(worker, game_id, generation, template.result, template.termination,
-                                   template.records, pgn, template.member))
-    frames[1] = template.member  # the same bytes: a template's games share one copy while they await acks
-    return frames
-
-
-# --------------------------------------------------------------------------- the workers
-
-
-@dataclasses.dataclass
-class _Held:
-    """A game a simulated worker keeps until its ack."""
-
-    frames: list
-    positions: int
-    made: float
-    next_send: float
-    first_sent: Optional[float] = None
-
-
-class _SimWorker:
-    def __init__(self, name: str, sock: Any, index: int, count: int) -> None:
-        self.name, self.socket, self.index = name, sock, index
-        self.phase = index / count  # its share of HEARTBEAT_S: the fleet's heartbeats spread, not in one burst
-        self.registered: Optional[wire.Registered] = None
-        self.next_register = 0.0
-        self.next_heartbeat = 0.0
-        self.held: dict[str, _Held] = {}
-        self.credit = 1        # games it may have sent and unacknowledged (the daemon's Registered and Acks)
-        self.in_flight = 0     # held games sent at least once
-        self.waiting: collections.deque[str] = collections.deque()  # held games not sent yet: no credit left
-        self.stopped = False
-
-
-class _Fleet:
-    """N simulated workers on the calling thread: their DEALERs on one poller, the games on a schedule.
-
-    A reply is handled by the method :attr:`REPLIES` names for its type: a new reply of the
-    daemon's (a back-pressure message, say) needs its entry there and its method; until then it
-    is counted as unhandled and shown in the report."""
-
-    REPLIES = {wire.Ack: "_on_ack", wire.Registered: "_on_registered", wire.Refused: "_on_refused",
-               wire.ErrorReply: "_on_error", wire.Stop: "_on_stop"}
-
-    def __init__(self, endpoint: str, count: int, rate: float, templates: list[Template], keys: Any,
-                 generation: Callable[[], int], max_unacked: int = MAX_UNACKED_GAMES) -> None:
-        self.ctx = zmq.Context()
-        self.rate, self.templates, self.max_unacked = rate, templates, max_unacked
-        self.generation = generation
-        self.mean_positions = float(np.mean([len(t.records) for t in templates]))
-        self.workers: list[_SimWorker] = []
-        self._jitter = random.Random(0)   # resends and reconnects spread, as trainer.worker's
-        self.by_socket: dict[Any, _SimWorker] = {}
-        self.poller = zmq.Poller()
-        for i in range(count):
-            sock = self.ctx.socket(zmq.DEALER)
-            configure_dealer(sock, keys, self._jitter)
-            sock.connect(endpoint)
-            worker = _SimWorker(f"fleet-{os.getpid()}-{i:03d}", sock, i, count)
-            self.workers.append(worker)
-            self.by_socket[sock] = worker
-            self.poller.register(sock, zmq.POLLIN)
-        self.register_frames = {w.name: wire.encode(wire.Register(
-            w.name, socketlib.gethostname()[:wire.MAX_TEXT_CHARS], os.getpid(), ("cuda:0",),
-            f"cyzero {__version__} (bench fleet)")) for w in self.workers}
-        self.t0 = 0.0
-        self.issued = 0           # games the schedule dealt so far
-        self.made = 0             # of them, played (the others: their worker was at its bound or stopped)
-        self.sent = 0             # of those, sent at least once
-        self.paused = 0           # dealt to a worker holding max_unacked games: not played
-        self.credit_waits = 0     # games that waited on their worker for credit before their first send
-        self.unsendable = 0       # dealt to a worker the daemon stopped
-        self.resends = 0
-        self.resend_times: list[float] = []   # monotonic, one a resend: how a restarted daemon is called on
-        self.no_room = 0          # sends ZeroMQ refused (no connection, or its queue full): tried again
-        self.held_total = 0
-        self.acked_ids: set[str] = set()
-        self.acks: list[tuple[float, int, float, float]] = []  # (s since t0, positions, from first send, from made)
-        self.lags: list[float] = []
-        self.repeated_acks = 0
-        self.refused: list[str] = []
-        self.errors: list[str] = []
-        self.stops = 0
-        self.malformed = 0
-        self.unhandled: collections.Counter = collections.Counter()
-        self._resend_heap: list[tuple[float, int, int, str]] = []
-        self._seq = 0
-
-    # -- sending ----------------------------------------------------------------------
-
-    def _send(self, worker: _SimWorker, frames: list) -> bool:
-        try:
-            worker.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
-            return True
-        except zmq.Again:
-            self.no_room += 1
-            return False
-
-    def _send_game(self, index: int, game_id: str, held: _Held, now: float) -> None:
-        """Send (or resend) a held game now, if its worker's credit allows a first send; schedule what comes next."""
-        worker = self.workers[index]
-        if held.first_sent is None and worker.in_flight >= worker.credit:
-            worker.waiting.appendleft(game_id)  # others took the credit while this one waited to be tried again
-            return
-        if self._send(worker, held.frames):
-            if held.first_sent is None:
-                held.first_sent = now
-                worker.in_flight += 1
-                self.sent += 1
-            else:
-                self.resends += 1
-                self.resend_times.append(now)
-            held.next_send = now + RESEND_S * self._jitter.uniform(0.8, 1.2)  # spread, as trainer.worker's
-        else:
-            held.next_send = now + _RETRY_S
-        self._schedule(index, game_id, held)
-
-    def _schedule(self, index: int, game_id: str, held: _Held) -> None:
-        self._seq += 1
-        heapq.heappush(self._resend_heap, (held.next_send, self._seq, index, game_id))
-
-    def _send_due(self, now: float, end: float = math.inf) -> None:
-        """Deal the games due by ``now`` (those due before ``end``), at most _SEND_BURST a turn."""
-        for _ in range(_SEND_BURST):
-            due = self.t0 + self.issued / self.rate
-            if due > now or due >= end:
-                return
-            index = self.issued % len(self.workers)
-            worker = self.workers[index]
-            template = self.templates[(self.issued // len(self.workers)) % len(self.templates)]
-            self.issued += 1
-            if worker.stopped or worker.registered is None:
-                self.unsendable += 1
-            elif len(worker.held) >= self.max_unacked:
-                self.paused += 1
-            else:
-                game_id = uuid.uuid4().hex
-                held = _Held(game_frames(template, worker.name, game_id, self.generation()), len(template.records),
-                             now, now)
-                worker.held[game_id] = held
-                self.held_total += 1
-                self.made += 1
-                self.lags.append(now - due)
-                if worker.waiting or worker.in_flight >= worker.credit:
-                    worker.waiting.append(game_id)  # as trainer.worker: kept until the credit lets it go
-                    self.credit_waits += 1
-                else:
-                    self._send_game(index, game_id, held, now)
-
-    def _resend_due(self, now: float) -> None:
-        """The resends that are due, at most _SEND_BURST a turn: a fleet's workers send in parallel, so
-        one worker's burst (after a daemon's restart, say) must not hold the others' sends and replies up here."""
-        heap = self._resend_heap
-        for _ in range(_SEND_BURST):
-            if not heap or heap[0][0] > now:
-                return
-            when, _, index, game_id = heapq.heappop(heap)
-            held = self.workers[index].held.get(game_id)
-            if held is not None and held.next_send == when:
-                self._send_game(index, game_id, held, now)
-
-    def _timers(self, now: float) -> None:
-        """Register until registered (every REGISTER_S), then a heartbeat every HEARTBEAT_S."""
-        per_worker = self.rate / len(self.workers) if self.rate else 0.0
-        for worker in self.workers:
-            if worker.registered is None and now >= worker.next_register:
-                worker.next_register = now + (REGISTER_S if self._send(worker, self.register_frames[worker.name])
-                                              else _RETRY_S)
-            elif worker.registered is not None and not worker.stopped and now >= worker.next_heartbeat:
-                playing = int(worker.registered.selfplay.get("games_per_worker") or 256)
-                self._send(worker, wire.encode(wire.Heartbeat(worker.name, playing, per_worker * self.mean_positions,
-                                                              self.generation())))
-                worker.next_heartbeat = now + HEARTBEAT_S
-
-    # -- replies ----------------------------------------------------------------------
-
-    def _read(self, worker: _SimWorker, now: float) -> None:
-        for _ in range(256):
-            try:
-                frames = worker.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                message = wire.decode(frames)
-            except wire.WireError:
-                self.malformed += 1
-                continue
-            handler = self.REPLIES.get(type(message))
-            if handler is None:
-                self.unhandled[type(message).__name__] += 1
-            else:
-                getattr(self, handler)(worker, message, now)
-
-    def _on_ack(self, worker: _SimWorker, message: wire.Ack, now: float) -> None:
-        worker.credit = message.credit
-        for game_id in message.game_ids:
-            held = self._forget(worker, game_id)
-            if held is None:
-                self.repeated_acks += 1  # a resend's second ack
-                continue
-            self.acked_ids.add(game_id)
-            self.acks.append((now - self.t0, held.positions, now - (held.first_sent or now), now - held.made))
-        self._send_waiting(worker, now)
-
-    def _forget(self, worker: _SimWorker, game_id: str) -> Optional[_Held]:
-        """A held game answered for good (acknowledged, refused): its credit comes back."""
-        held = worker.held.pop(game_id, None)
-        if held is not None:
-            self.held_total -= 1
-            if held.first_sent is not None:
-                worker.in_flight -= 1
-        return held
-
-    def _send_waiting(self, worker: _SimWorker, now: float) -> None:
-        """First sends of the games that waited for credit, as far as it goes now."""
-        while worker.waiting and worker.in_flight < worker.credit:
-            game_id = worker.waiting.popleft()
-            held = worker.held.get(game_id)
-            if held is not None:
-                self._send_game(worker.index, game_id, held, now)
-
-    def _on_registered(self, worker: _SimWorker, message: wire.Registered, now: float) -> None:
-        if worker.registered is None:
-            worker.registered = message
-            worker.credit = message.credit
-            worker.next_heartbeat = now + HEARTBEAT_S * worker.phase
-
-    def _on_refused(self, worker: _SimWorker, message: wire.Refused, now: float) -> None:
-        """Never resent as it is: the game is dropped (and the report says why)."""
-        if message.game_id is not None:
-            self._forget(worker, message.game_id)
-            self._send_waiting(worker, now)
-        self.refused.append(message.reason)
-
-    def _on_error(self, worker: _SimWorker, message: wire.ErrorReply, now: float) -> None:
-        """The daemon's failure: the game stays held and is resent at its time."""
-        self.errors.append(message.reason)
-
-    def _on_stop(self, worker: _SimWorker, message: wire.Stop, now: float) -> None:
-        worker.stopped = True
-        self.stops += 1
-
-    # -- the loop ---------------------------------------------------------------------
-
-    def serve(self, until: float, *, schedule: bool, tick: Callable[[float], bool],
-              until_empty: bool = False) -> bool:
-        """Send, resend, heartbeat and read replies until ``until`` (monotonic), or with ``until_empty``
-        until no game is held; False when ``tick`` (called about once a second) stopped it first."""
-        next_timers = next_tick = 0.0
-        while True:
-            now = time.monotonic()
-            if now >= until or (until_empty and self.held_total == 0):
-                while schedule and self.t0 + self.issued / self.rate < until:
-                    self._send_due(time.monotonic(), until)  # every game due in the run, late if this loop was
-                return True
-            if schedule:
-                self._send_due(now, until)
-            self._resend_due(now)
-            if now >= next_timers:
-                self._timers(now)
-                next_timers = now + 0.1
-            if now >= next_tick:
-                if not tick(now):
-                    return False
-                next_tick = now + 1.0
-            wake = min(until, next_timers, next_tick)
-            if schedule:
-                wake = min(wake, self.t0 + self.issued / self.rate)
-            if self._resend_heap:
-                wake = min(wake, self._resend_heap[0][0])
-            for sock, _ in self.poller.poll(math.ceil(max(0.0, wake - time.monotonic()) * 1000)):
-                self._read(self.by_socket[sock], time.monotonic())
-
-    def register(self, timeout: float, tick: Callable[[float], bool]) -> None:
-        deadline = time.monotonic() + timeout
-        while any(w.registered is None for w in self.workers):
-            if time.monotonic() >= deadline:
-                missing = sum(w.registered is None for w in self.workers)
-                raise RuntimeError(f"{missing} of {len(self.workers)} simulated workers got no Registered "
-                                   f"within {timeout:g} s")
-            if not self.serve(min(deadline, time.monotonic() + 0.2), schedule=False, tick=tick):
-                raise RuntimeError("stopped before every simulated worker registered")
-
-    def close(self) -> None:
-        if self.ctx.closed:
-            return
-        for worker in self.workers:
-            worker.socket.close(0)
-        self.ctx.term()
-
-
 def write_generation(run_dir: str, size: int, seed: int) -> dict:
     """A synthetic generation of ``size`` random bytes, as the learner exports one: the file atomically
     under networks/, then its line in generations.jsonl (which the daemon polls); returns the line."""
@@ -489,303 +92,6 @@ def write_generation(run_dir: str, size: int, seed: int) -> dict:
               "time": time.time(), "weights": "raw", "val": {}, "synthetic": "bench fleet: random bytes"}
     append_jsonl(os.path.join(run_dir, GENERATIONS), record)
     return record
-
-
-# --------------------------------------------------------------------------- the daemon and its samples
-
-
-def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of a process's threads by kind: its main thread (the daemon's loop: receive, decode,
-    store, ack), ZeroMQ's I/O threads, and its other threads (the announcer, which serves fetches)."""
-    out: collections.Counter[str] = collections.Counter()
-    try:
-        threads = psutil.Process(pid).threads()
-    except psutil.Error:
-        return {}
-    for thread in threads:
-        try:
-            with open(f"/proc/{pid}/task/{thread.id}/comm", encoding="utf-8") as f:
-                comm = f.read().strip()
-        except OSError:
-            comm = "?"
-        kind = ("main thread" if thread.id == pid else "ZeroMQ threads" if comm.startswith("ZMQbg")
-                else "other threads")
-        out[kind] += thread.user_time + thread.system_time
-    return dict(out)
-
-
-def _peak_rss(pid: int) -> Optional[int]:
-    """The kernel's high-water mark of the process's resident memory (Linux's VmHWM), in bytes, over its
-    life (the followers reset it for each generation's fetches: trainer.fleet_followers.peak_rss)."""
-    return peak_rss(pid)
-
-
-class _Sampler:
-    """The daemon's resident memory every SAMPLE_S, and its CPU, this process's and the fleet thread's
-    every fourth sample (percent of one core), on a thread of its own."""
-
-    def __init__(self, pid: int, fleet_thread: int) -> None:
-        self.daemon = psutil.Process(pid)
-        self.me = psutil.Process()
-        self.fleet_thread = fleet_thread
-        self.rss: list[tuple[float, int]] = []
-        self.cpu: list[tuple[float, float, float, float, float]] = []   # t, daemon, bench, fleet thread, machine
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="bench-fleet-sampler", daemon=True)
-        self.thread.start()
-
-    def _thread_time(self) -> float:
-        return next((t.user_time + t.system_time for t in self.me.threads() if t.id == self.fleet_thread), 0.0)
-
-    def _run(self) -> None:
-        self.daemon.cpu_percent(None)
-        self.me.cpu_percent(None)
-        psutil.cpu_percent(None)
-        last, last_thread = time.monotonic(), self._thread_time()
-        k = 0
-        while not self._stop.wait(SAMPLE_S):
-            now = time.monotonic()
-            try:
-                self.rss.append((now, self.daemon.memory_info().rss))
-                k += 1
-                if k % 4 == 0:
-                    thread = self._thread_time()
-                    self.cpu.append((now, self.daemon.cpu_percent(None), self.me.cpu_percent(None),
-                                     100.0 * (thread - last_thread) / max(now - last, 1e-6), psutil.cpu_percent(None)))
-                    last, last_thread = now, thread
-            except psutil.Error:
-                continue  # the daemon is gone (the main loop sees it too) or killed and starting again
-
-    def follow(self, pid: int) -> None:
-        """Sample this daemon from now on (the one started again after a kill)."""
-        daemon = psutil.Process(pid)
-        daemon.cpu_percent(None)
-        self.daemon = daemon
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(5.0)
-
-
-class _DaemonProcess:
-    """``cyzero-train run RUN`` started here with no local worker and no learner (or one attached to)."""
-
-    def __init__(self, run_dir: str, *, attach: bool, profile: Optional[str], log: Callable[[str], None],
-                 port: Optional[str] = "auto") -> None:
-        self.run_dir, self.log = run_dir, log
-        self.proc: Optional[subprocess.Popen] = None
-        self.profile = profile
-        self.stderr_path = os.path.join(run_dir, "logs", "bench-fleet-daemon.stderr")
-        self.started_s = 0.0
-        self.info: dict = {}  # RUN/daemon.json: its pid and endpoints
-        if attach:
-            info = self._daemon_json()
-            if info is None or not psutil.pid_exists(info["pid"]):
-                raise ValueError(f"--attach: no daemon serves {run_dir} (its daemon.json names no running process)")
-            self.info = info
-            return
-        command = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else []) + [
-            "-m", "trainer.cli", "run", run_dir, *(["--port", port] if port else []), "--config",
-            os.path.join(run_dir, BENCH_CONFIG), "--devices", "cpu", "--workers-per-device", "0",
-            "--learner-devices", "none"]
-        os.makedirs(os.path.dirname(self.stderr_path), exist_ok=True)
-        start = time.monotonic()
-        with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                         env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())})
-        log(f"started the daemon (pid {self.proc.pid}{', under cProfile' if profile else ''}); waiting for it to serve "
-            f"(generation 0 is made first)")
-        while True:
-            info = self._daemon_json()
-            if info is not None and info.get("pid") == self.proc.pid:
-                self.info = info
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon exited with code {self.proc.returncode} before serving: "
-                                   f"{self.tail()}")
-            if time.monotonic() - start > START_TIMEOUT_S:
-                self.stop()
-                raise RuntimeError(f"the daemon did not serve within {START_TIMEOUT_S:g} s: {self.tail()}")
-            time.sleep(0.2)
-        self.started_s = time.monotonic() - start
-
-    def _daemon_json(self) -> Optional[dict]:
-        from trainer.rundir import DAEMON_FILE
-
-        try:
-            with open(os.path.join(self.run_dir, DAEMON_FILE), encoding="utf-8") as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            return None
-        return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else int(self.info["pid"])
-
-    def exited(self) -> Optional[int]:
-        if self.proc is not None:
-            return self.proc.poll()
-        return None if psutil.pid_exists(self.pid) else -1
-
-    def tail(self, lines: int = 8) -> str:
-        try:
-            with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
-                return " | ".join(line.strip() for line in f.readlines()[-lines:])
-        except OSError:
-            return "(no output)"
-
-    def stop(self) -> dict:
-        """SIGINT and wait, as Ctrl-C stops it; killed after STOP_TIMEOUT_S. What happened, for the report."""
-        if self.proc is None:
-            return {"stopped": None, "note": "attached: left running"}
-        start = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            code = self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return {"stopped": False, "note": f"did not stop within {STOP_TIMEOUT_S:g} s of SIGINT: killed"}
-        return {"stopped": code == 0, "exit_code": code, "stop_s": time.monotonic() - start}
-
-
-class _Restart:
-    """The daemon SIGKILLed ``at`` s into the run, then started again on the ports it had (the bench's
-    config rewritten with them) on a thread of its own, so that the fleet plays on meanwhile as a real
-    one does: its workers keep their games and call on the daemon until it is back."""
-
-    def __init__(self, daemon: _DaemonProcess, cfg: Any, at: float, log: Callable[[str], None]) -> None:
-        self.daemon, self.cfg, self.at, self.log = daemon, cfg, at, log
-        self.killed_at: Optional[float] = None    # monotonic
-        self.serving_at: Optional[float] = None
-        self.acked_before: frozenset[str] = frozenset()
-        self.error: Optional[BaseException] = None
-        self.thread: Optional[threading.Thread] = None
-
-    def due(self, now: float, t0: float) -> bool:
-        return self.killed_at is None and now >= t0 + self.at
-
-    @property
-    def restarting(self) -> bool:
-        return self.killed_at is not None and self.serving_at is None and self.error is None
-
-    def kill(self, acked: set[str]) -> None:
-        """SIGKILL now (what was acknowledged until now is noted), and start the daemon again on a thread."""
-        from trainer.config import to_toml
-
-        proc = self.daemon.proc
-        assert proc is not None
-        self.acked_before = frozenset(acked)
-        proc.kill()
-        proc.wait()
-        self.killed_at = time.monotonic()
-        self.log(f"killed the daemon (pid {proc.pid}, SIGKILL) with {len(acked):,} games acknowledged; starting "
-                 "it again on its ports")
-        ports = {name: str(self.daemon.info[name]).rsplit(":", 1)[1] for name in ("endpoint", "publish", "fetch")}
-        cfg = self.cfg.replace(daemon={name: f"{getattr(self.cfg.daemon, name).rsplit(':', 1)[0]}:{port}"
-                                       for name, port in ports.items()})
-        atomic_write_text(os.path.join(self.daemon.run_dir, BENCH_CONFIG), to_toml(cfg))
-        self.thread = threading.Thread(target=self._start, name="bench-fleet-restart", daemon=True)
-        self.thread.start()
-
-    def _start(self) -> None:
-        try:
-            self.daemon = _DaemonProcess(self.daemon.run_dir, attach=False, profile=None, log=self.log, port=None)
-            self.serving_at = time.monotonic()
-        except BaseException as e:  # noqa: BLE001 - the run reports it
-            self.error = e
-
-    def figures(self, fleet: _Fleet, rate: float) -> dict:
-        """When it was killed and served again, when acks came back and reached the fleet's rate, and how
-        the workers' resends came after it."""
-        out: dict[str, Any] = {"kill_s": self.at, "acked_before_kill": len(self.acked_before),
-                               "acked_before_kill_stored": None, "restart_s": None}
-        if self.killed_at is None or self.serving_at is None:
-            return out
-        t_kill, t_back = self.killed_at - fleet.t0, self.serving_at - fleet.t0
-        out["restart_s"] = t_back - t_kill
-        after = np.array(sorted(a[0] for a in fleet.acks if a[0] >= t_back))
-        out["first_ack_after_s"] = float(after[0] - t_back) if after.size else None
-        # back at rate: the first second after the restart whose acks reach 90% of the fleet's rate
-        seconds = np.floor(after - t_back).astype(int) if after.size else np.array([], dtype=int)
-        counts = np.bincount(seconds) if seconds.size else np.array([])
-        at_rate = np.nonzero(counts >= 0.9 * rate)[0]
-        out["at_rate_after_s"] = float(at_rate[0] + 1) if at_rate.size else None
-        resends = np.array([t - fleet.t0 - t_back for t in fleet.resend_times if t - fleet.t0 >= t_back])
-        per_s = np.bincount(np.floor(resends).astype(int)) if resends.size else np.array([0])
-        out["resends_after"] = int(resends.size)
-        out["resends_most_in_a_second"] = int(per_s.max())
-        return out
-
-
-def _profile_top(path: str, count: int = 12) -> dict:
-    """The daemon's main thread's time by function (cProfile sees that thread only), the heaviest first."""
-    import pstats
-
-    stats = pstats.Stats(path)
-    rows = [{"function": f"{os.path.basename(file)}:{line}({name})", "calls": nc, "tottime_s": tt, "cumtime_s": ct}
-            for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()]  # type: ignore[attr-defined]
-    return {"total_s": stats.total_tt,  # type: ignore[attr-defined]
-            "by_own_time": sorted(rows, key=lambda r: -r["tottime_s"])[:count],
-            "by_cumulative_time": sorted(rows, key=lambda r: -r["cumtime_s"])[:count]}
-
-
-# --------------------------------------------------------------------------- the store
-
-
-def _manifest_adds(run_dir: str) -> list[dict]:
-    return [r for r in read_jsonl(os.path.join(run_dir, MANIFEST))
-            if r.get("op") == "add" and isinstance(r.get("name"), str)]
-
-
-def _size(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
-
-
-def _store_state(run_dir: str) -> dict:
-    return {"chunks": {r["name"] for r in _manifest_adds(run_dir)},
-            "manifest_bytes": _size(os.path.join(run_dir, MANIFEST)),
-            "pgn_bytes": _size(os.path.join(run_dir, "pgn"))}
-
-
-def check_store(run_dir: str, acked_ids: set[str], before: dict, window: tuple[float, float]) -> dict:
-    """The chunks stored since ``before`` (:func:`_store_state`) against the acknowledged ids: each
-    acknowledged id in the manifest exactly once; the rate of the chunks made within ``window`` (unix
-    times); their bytes on disk per position."""
-    from trainer.records import RECORD_BYTES
-
-    adds = _manifest_adds(run_dir)
-    counts = collections.Counter(i for r in adds for i in (r.get("game_ids") or []) if isinstance(i, str))
-    new = [r for r in adds if r["name"] not in before["chunks"]]
-    new_ids = {i for r in new for i in (r.get("game_ids") or []) if isinstance(i, str)}
-    missing = sorted(i for i in acked_ids if counts[i] == 0)
-    duplicated = sorted(i for i in acked_ids if counts[i] > 1)
-    positions = sum(int(r.get("positions", 0)) for r in new)
-    chunk_bytes = sum(_size(os.path.join(run_dir, "replay", "chunks", r["name"])) for r in new)
-    inside = [r for r in new if window[0] <= float(r.get("time", 0)) <= window[1]]
-    span = max(window[1] - window[0], 1e-9)
-    per_position = (lambda n: n / positions if positions else None)
-    return {
-        "chunks": len(new), "games": sum(int(r.get("games", 0)) for r in new), "positions": positions,
-        "games_per_s": sum(int(r.get("games", 0)) for r in inside) / span,
-        "positions_per_s": sum(int(r.get("positions", 0)) for r in inside) / span,
-        "positions_per_chunk": positions / len(new) if new else None,
-        "bytes_per_position": {
-            "chunks": per_position(chunk_bytes),
-            "manifest": per_position(_size(os.path.join(run_dir, MANIFEST)) - before["manifest_bytes"]),
-            "pgn": per_position(_size(os.path.join(run_dir, "pgn")) - before["pgn_bytes"]),
-            "record": RECORD_BYTES,
-        },
-        "cache_bytes": _size(os.path.join(run_dir, "replay", "cache")),
-        "acked_missing": len(missing), "acked_duplicated": len(duplicated), "missing_examples": missing[:5],
-        "stored_twice": sum(1 for i in new_ids if counts[i] > 1),
-        "stored_not_acked": len(new_ids - acked_ids),
-        "every_acked_stored_once": not missing and not duplicated,
-    }
 
 
 # --------------------------------------------------------------------------- the bench
@@ -875,8 +181,8 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
     new networks of ``network_mb`` MB published over the run (None: one when there are followers);
     ``curve``: the started daemon gets CurveZMQ keys; ``profile``: the daemon runs under cProfile,
     which writes this file; ``kill_at``: the daemon is SIGKILLed this many seconds into the run and
-    started again (:class:`_Restart`). ValueError for bad input, RuntimeError when the daemon cannot
-    be used."""
+    started again (:class:`trainer.fleet_daemon.Restart`). ValueError for bad input, RuntimeError when
+    the daemon cannot be used."""
     from trainer.config import default_config, load_config, load_effective_config, load_named_config, to_toml
 
     rate, generations, size = _check_inputs(workers, followers, positions_per_game, seconds, rate,
@@ -890,11 +196,11 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
                              "--workers, and not --attach, --profile or --followers")
     temporary = run_dir is None
     run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cyzero-fleet-"))
-    restart: Optional[_Restart] = None
-    daemon: Optional[_DaemonProcess] = None
-    fleet: Optional[_Fleet] = None
+    restart: Optional[Restart] = None
+    daemon: Optional[DaemonProcess] = None
+    fleet: Optional[Fleet] = None
     follow: Optional[Followers] = None
-    sampler: Optional[_Sampler] = None
+    sampler: Optional[Sampler] = None
     try:
         marker = os.path.join(run_dir, BENCH_CONFIG)
         if (attach or (os.path.isdir(run_dir) and os.listdir(run_dir))) and not os.path.exists(marker):
@@ -913,20 +219,20 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
         templates = template_games(cfg.model.input_format, positions_per_game,
                                    full_search_prob=cfg.selfplay.full_search_prob, visits=cfg.selfplay.visits) \
             if workers else []
-        daemon = proc = _DaemonProcess(run_dir, attach=attach, profile=profile, log=log)
+        daemon = proc = DaemonProcess(run_dir, attach=attach, profile=profile, log=log)
         live = {"daemon": proc}   # the daemon serving now: another after a --kill-at restart
-        restart = _Restart(proc, cfg, kill_at, log) if kill_at is not None else None
+        restart = Restart(proc, cfg, kill_at, log) if kill_at is not None else None
         keys = None
         if proc.info.get("keys"):
             folder = os.path.expanduser(cfg.daemon.keys)
             keys = load_client_keys(os.path.join(folder if os.path.isabs(folder) else os.path.join(run_dir, folder),
                                                  "clients", "local"))
-        before = _store_state(run_dir)
-        threads_before = _thread_cpu(proc.pid)   # after a --kill-at restart: the new daemon's, when it serves
-        sampler = _Sampler(proc.pid, threading.get_native_id())
+        before = store_state(run_dir)
+        threads_before = thread_cpu(proc.pid)   # after a --kill-at restart: the new daemon's, when it serves
+        sampler = Sampler(proc.pid, threading.get_native_id())
         follow = Followers(proc.info["publish"], followers, keys, proc.pid) if followers else None
         state = {"generation": 0}
-        fleet = _Fleet(proc.info["endpoint"], workers, rate, templates, keys, lambda: state["generation"]) \
+        fleet = Fleet(proc.info["endpoint"], workers, rate, templates, keys, lambda: state["generation"]) \
             if workers else None
         problems: list[str] = []
         progress = {"next": 0.0, "acked": 0, "at": time.monotonic()}
@@ -943,7 +249,7 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
                     live["daemon"] = restart.daemon
                     sampler.follow(restart.daemon.pid)
                     threads_before.clear()
-                    threads_before.update(_thread_cpu(restart.daemon.pid))
+                    threads_before.update(thread_cpu(restart.daemon.pid))
                     log(f"the daemon serves again (pid {restart.daemon.pid}), "
                         f"{restart.serving_at - restart.killed_at:.1f} s after the kill")
             code = None if restart is not None and restart.restarting else live["daemon"].exited()
@@ -992,15 +298,15 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
                     fleet.serve(time.monotonic() + 0.5, schedule=False, tick=tick)
                 else:
                     _idle(time.monotonic() + 0.5, tick)
-        threads_after = _thread_cpu(proc.pid)
-        peak = _peak_rss(proc.pid)
+        threads_after = thread_cpu(proc.pid)
+        peak = peak_rss(proc.pid)
         if fleet is not None:
             fleet.close()
         if follow is not None:
             follow.close()
         stopped = proc.stop()
         sampler.close()
-        profile_top = _profile_top(profile) if profile and os.path.isfile(profile) else None
+        profile_top = profile_by_function(profile) if profile and os.path.isfile(profile) else None
         store = check_store(run_dir, fleet.acked_ids if fleet else set(), before, (wall0, wall0 + seconds))
         timeline = _timeline(fleet, sampler, t0, seconds)
         figures: dict[str, Any] = {
@@ -1021,7 +327,7 @@ def bench_fleet(*, run_dir: Optional[str] = None, config: Optional[str] = None, 
         }
         if restart is not None:
             figures["restart"] = restart.figures(fleet, rate)
-            counts = collections.Counter(i for r in _manifest_adds(run_dir) for i in r.get("game_ids") or [])
+            counts = collections.Counter(i for r in manifest_adds(run_dir) for i in r.get("game_ids") or [])
             figures["restart"]["acked_before_kill_stored"] = sum(counts[i] == 1 for i in restart.acked_before)
         figures["problems"] = problems + _problems(figures)
         return FleetResult(figures, frozenset(fleet.acked_ids if fleet else ()), not figures["problems"])
@@ -1064,7 +370,7 @@ def _publish(run_dir: str, generations: int, size: int, t0: float, seconds: floa
         log(f"wrote generation {record['generation']} ({size / 1e6:,.1f} MB of random bytes)")
 
 
-def _progress_line(now: float, fleet: Optional[_Fleet], follow: Optional[Followers], sampler: Optional[_Sampler],
+def _progress_line(now: float, fleet: Optional[Fleet], follow: Optional[Followers], sampler: Optional[Sampler],
                    progress: dict) -> str:
     parts = []
     if fleet is not None and fleet.t0:
@@ -1089,7 +395,7 @@ def _window(samples: list, t0: float, t1: float) -> list:
     return [s for s in samples if t0 <= s[0] <= t1]
 
 
-def _timeline(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, seconds: float, parts: int = 10) -> list[dict]:
+def _timeline(fleet: Optional[Fleet], sampler: Sampler, t0: float, seconds: float, parts: int = 10) -> list[dict]:
     """The run in ``parts`` equal spans: games acknowledged a second, the daemon's mean CPU and last RSS,
     this process's mean CPU."""
     points = []
@@ -1106,7 +412,7 @@ def _timeline(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, seconds: fl
     return points
 
 
-def _ingest_figures(fleet: _Fleet, seconds: float, drain_s: float, timeline: list[dict]) -> dict:
+def _ingest_figures(fleet: Fleet, seconds: float, drain_s: float, timeline: list[dict]) -> dict:
     times = np.array([a[0] for a in fleet.acks])
     positions = np.array([a[1] for a in fleet.acks])
     inside = times <= seconds
@@ -1128,7 +434,7 @@ def _ingest_figures(fleet: _Fleet, seconds: float, drain_s: float, timeline: lis
     }
 
 
-def _generator_figures(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, t1: float) -> dict:
+def _generator_figures(fleet: Optional[Fleet], sampler: Sampler, t0: float, t1: float) -> dict:
     """This process's CPU and the schedule's lag over the run, and whether they make it the bottleneck."""
     cpu = _window(sampler.cpu, t0, t1)
     machine = float(np.mean([s[4] for s in cpu])) if cpu else None
@@ -1147,7 +453,7 @@ def _generator_figures(fleet: Optional[_Fleet], sampler: _Sampler, t0: float, t1
     return figures
 
 
-def _daemon_figures(daemon: _DaemonProcess, sampler: _Sampler, t0: float, seconds: float, before: dict, after: dict,
+def _daemon_figures(daemon: DaemonProcess, sampler: Sampler, t0: float, seconds: float, before: dict, after: dict,
                     peak: Optional[int], stopped: dict, profile: Optional[str], profile_top: Optional[dict]) -> dict:
     cpu = _window(sampler.cpu, t0, t0 + seconds)
     rss = _window(sampler.rss, t0, t0 + seconds)
@@ -1157,7 +463,7 @@ def _daemon_figures(daemon: _DaemonProcess, sampler: _Sampler, t0: float, second
             "thread_cpu_s": threads, **stopped, "profile": profile, "profile_top": profile_top}
 
 
-def _follower_figures(follow: Followers, published: list, sampler: _Sampler, size: int) -> dict:
+def _follower_figures(follow: Followers, published: list, sampler: Sampler, size: int) -> dict:
     """Each generation's fetches: how long until every follower had it, and the daemon's memory meanwhile
     (its peak from VmHWM, reset when the generation was first heard; else the sampler's largest sample)."""
     rows = []

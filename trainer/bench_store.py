@@ -87,10 +87,10 @@ def make_store(folder: str, positions: int, *, input_format: int = 1, val_percen
                log: Callable[[str], Any] = _log_default) -> dict:
     """Add synthetic self-play chunks to the store in ``folder`` until it holds ``positions``
     positions, as the daemon writes them; returns what was written now (positions, games, chunks,
-    seconds). The games are :func:`trainer.bench_fleet.template_games`, stored with fresh ids."""
+    seconds). The games are :func:`trainer.fleet_workers.template_games`, stored with fresh ids."""
     from tqdm import tqdm
 
-    from trainer.bench_fleet import template_games
+    from trainer.fleet_workers import template_games
     from trainer.store import ReplayStore, hold_out
 
     if positions < 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import zmq
 
@@ -24,45 +24,22 @@ from engine.announce import (
     decode_network_announcement,
 )
 from engine.watchers import FETCH_TIMEOUT_S, peer_endpoint
+from trainer.fleet_daemon import proc_bytes, reset_peak_rss
 
-__all__ = ["Followers", "peak_rss", "proc_bytes", "reset_peak_rss"]
+__all__ = ["Followers"]
 
 _DRAIN = 64  # replies read from one socket before the loop looks at the others
 
 
-def proc_bytes(pid: int, field: str) -> Optional[int]:
-    """A size line of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``: the peak) in bytes; None where there is none."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-_cleared_peaks: dict[int, int] = {}  # pid -> the largest VmHWM that reset_peak_rss cleared
-
-
-def reset_peak_rss(pid: int) -> bool:
-    """Make the process's peak resident memory (VmHWM) its present one (Linux: ``5`` into clear_refs), to
-    measure a stretch of its life; :func:`peak_rss` still knows the peak before."""
-    peak = proc_bytes(pid, "VmHWM")
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    if peak is not None:
-        _cleared_peaks[pid] = max(peak, _cleared_peaks.get(pid, 0))
-    return True
-
-
-def peak_rss(pid: int) -> Optional[int]:
-    """The process's peak resident memory over its life, in bytes, including what a reset here cleared."""
-    peak = proc_bytes(pid, "VmHWM")
-    return None if peak is None else max(peak, _cleared_peaks.get(pid, 0))
+def _waiting(sock: Any, most: int, copy: bool = True) -> Iterator[Any]:
+    """The messages ``sock`` holds now, ``most`` at most, read without blocking: one socket's burst must
+    not keep the loop from the others."""
+    for _ in range(most):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
+        yield frames
 
 
 @dataclasses.dataclass
@@ -148,11 +125,7 @@ class Followers:
             self.error = e
 
     def _announcements(self, i: int) -> None:
-        for _ in range(64):
-            try:
-                frames = self.subs[i].recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in _waiting(self.subs[i], _DRAIN):
             try:
                 a = decode_network_announcement(frames)
             except AnnouncementError:
@@ -200,11 +173,7 @@ class Followers:
         """Read what came for follower ``i``'s fetch and ask for more; True when the fetch has ended."""
         fetch = self.fetching[i]
         assert fetch is not None
-        for _ in range(_DRAIN):
-            try:
-                frames = fetch.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
+        for frames in _waiting(fetch.socket, _DRAIN, copy=False):
             try:
                 fetch.fetch.receive(frames)  # hashed there; nothing is kept
                 if fetch.fetch.done:
