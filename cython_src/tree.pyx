@@ -1161,7 +1161,7 @@ cdef class Tree:
         ``q``, ``proven`` and ``m`` are the first's as ``root_children()`` gives them;
         ``second_n`` is the second allowed move's visits (None when there is one); ``better_q``:
         the first has visits and is not proven, and another allowed move with at least
-        ``max(1, share x its visits)`` visits has the higher q. ``engine.search.summary_of`` is
+        ``max(1, share x its visits)`` visits has the higher q. ``engine.move_search.summary_of`` is
         the same in Python, from a ``root_children()`` list."""
         cdef TreeCore* t = &self.core
         cdef Node* r = &t.nodes[t.root]

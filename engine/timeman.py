@@ -21,7 +21,7 @@ Contract with the search loop
   a better value (Q) than the most visited one on at least 10 % of its
   visits, or while the most visited move changed within the last 10 % of
   ``soft_ms``; while it is unstable, smart pruning looks as far as
-  ``hard_ms``. ``engine.search.MoveSearch.should_stop`` applies these rules.
+  ``hard_ms``. ``engine.move_search.MoveSearch.should_stop`` applies these rules.
   A movetime budget has ``soft_ms == hard_ms``: nothing to extend.
 * ``hard_ms == 0`` (see :attr:`Budget.immediate`) means "play at once": the
   search returns after its first minimal evaluation (or the first legal move

@@ -1,4 +1,5 @@
-"""The search driver (``engine.search``): move searches, the batched loop, self-play games.
+"""The search driver: move searches (``engine.move_search``), the batched loop (``engine.driver``),
+self-play games (``engine.search.MultiSearch``).
 
 Time is injected: :class:`FakeClock` stands for ``time.monotonic`` and the fake
 network advances it by what a call would cost, so batch sizes and the time
@@ -16,8 +17,9 @@ from engine.board import Board
 from engine.encoding import encode_board, move_to_index
 from engine.limits import Budget, GoParams
 from engine.params import SearchParams
-from engine.search import (BATCHES_PER_BUDGET, EXTENSION_MIN_VISIT_SHARE, EXTENSION_RECENT_SHARE,
-                           FIRST_TIMED_BATCH, Driver, EvalSpeed, MoveSearch, MultiSearch, game_ply, summary_of)
+from engine.driver import BATCHES_PER_BUDGET, FIRST_TIMED_BATCH, Driver, EvalSpeed
+from engine.move_search import EXTENSION_MIN_VISIT_SHARE, EXTENSION_RECENT_SHARE, MoveSearch, game_ply, summary_of
+from engine.search import MultiSearch
 from engine.tree import Tree
 
 POLICY_SIZE = 1858

@@ -16,9 +16,10 @@ import pytest
 
 from engine.board import Board
 from engine.limits import GoParams
+from engine.move_search import CPU_MINIBATCH
 from engine.network import NetworkError, fixed_batch_sizes
 from engine.params import SearchParams
-from engine.search import CPU_MINIBATCH, MultiSearch, Searcher, default_pipeline, search_batch
+from engine.search import MultiSearch, Searcher, default_pipeline, search_batch
 from engine.tools.gpu_standin import PROFILES, SimulatedGPU, simulated_gpu, simulated_network
 from engine.weights import default_weights_path
 

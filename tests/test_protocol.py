@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.search import Info, Line, SearchResult
+from engine.search_report import Info, Line, SearchResult
 from test_uci_harness import check_line, parse_info
 from uci.protocol import format_info, format_result, parse_go, parse_position, parse_setoption
 

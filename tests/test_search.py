@@ -18,7 +18,8 @@ from engine.board import Board
 from engine.encoding import POLICY_INDEX, POLICY_SIZE
 from engine.limits import GoParams
 from engine.params import SearchParams
-from engine.search import Searcher, q_to_cp, wdl_permille
+from engine.search import Searcher
+from engine.search_report import q_to_cp, wdl_permille
 from engine.timeman import TimeManager
 
 TIMEOUT = 30.0   # only for a broken search: nothing here should come close

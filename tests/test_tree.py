@@ -1204,9 +1204,9 @@ SUMMARY_CASES = [
 
 
 def test_root_summary_is_what_the_stop_rules_read_of_root_children():
-    """Tree.root_summary (C) gives engine.search.summary_of of root_children() limited to the
+    """Tree.root_summary (C) gives engine.move_search.summary_of of root_children() limited to the
     searchmoves, at every size of the search and for several visit shares."""
-    from engine.search import summary_of
+    from engine.move_search import summary_of
 
     seen_better = seen_proven = 0
     for fen, searchmoves, playouts in SUMMARY_CASES:

@@ -42,7 +42,8 @@ import numpy as np
 from engine.board import Board
 from engine.limits import GoParams
 from engine.params import SearchParams
-from engine.search import MultiSearch, SearchResult
+from engine.search import MultiSearch
+from engine.search_report import SearchResult
 from trainer.config import SelfPlayConfig, from_dict
 from trainer.records import RECORD_DTYPE, Eval, make_record
 
@@ -177,8 +178,8 @@ GPU_MAX_BATCH = 1024
 def worker_max_batch(games: int, settings: SelfPlaySettings) -> int:
     """The largest batch of a worker's network on a GPU: half its games' leaves of one round
     (two batches are in flight), a power of two from 256 to :data:`GPU_MAX_BATCH`."""
+    from engine.move_search import CPU_MINIBATCH
     from engine.network import DEFAULT_MAX_BATCH
-    from engine.search import CPU_MINIBATCH
 
     leaves = games * (settings.search.minibatch_size or CPU_MINIBATCH) // 2
     return max(DEFAULT_MAX_BATCH, min(GPU_MAX_BATCH, 1 << max(0, leaves - 1).bit_length()))

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Optional
 
 from engine.limits import GoParams
-from engine.search import Info, SearchResult
+from engine.search_report import Info, SearchResult
 
 STARTPOS = "startpos"
 

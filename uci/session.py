@@ -20,7 +20,8 @@ from engine import __version__
 from engine.board import Board
 from engine.limits import GoParams
 from engine.params import SearchParams
-from engine.search import Info, Searcher, SearchResult
+from engine.search import Searcher
+from engine.search_report import Info, SearchResult
 from uci.options import Options
 from uci.protocol import (format_go, format_info, format_result, go_to_search, parse_position, parse_setoption,
                           read_go)
