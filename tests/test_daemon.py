@@ -33,21 +33,12 @@ from trainer.atomic import append_jsonl, read_jsonl  # noqa: E402
 from trainer.config import loads_config  # noqa: E402
 from trainer.daemon import Daemon, run_daemon  # noqa: E402
 from trainer.records import RECORD_DTYPE  # noqa: E402
+from tiny_configs import tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = """
-[model]
-net = "1x8"
-[train]
-batch_size = 16
-[daemon]
-endpoint = "tcp://127.0.0.1:*"
-publish = "tcp://127.0.0.1:*"
-fetch = "tcp://127.0.0.1:*"
-flush_s = 0.2
-restart_backoff_s = 0.1
-"""
+CONFIG = tiny_config(daemon={"endpoint": "tcp://127.0.0.1:*", "publish": "tcp://127.0.0.1:*",
+                                     "fetch": "tcp://127.0.0.1:*", "flush_s": 0.2, "restart_backoff_s": 0.1})
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 PGN = '[Event "self-play"]\n[Result "1-0"]\n\n1. f3 e5 2. g4 Qh4# 0-1\n'
 

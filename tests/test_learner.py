@@ -38,6 +38,7 @@ from trainer.loader import ReplaySampler, WindowConfig
 from trainer.model import NetConfig, NetOutput, build_net
 from trainer.records import RECORD_DTYPE, Eval, make_record
 from trainer.rundir import checkpoint_path, list_checkpoints
+from tiny_configs import tiny_config
 from trainer.store import ReplayStore
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
@@ -253,23 +254,9 @@ def test_two_gloo_ranks_match_one_rank_accumulating_the_two_halves(tmp_path, one
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY = """
-[model]
-net = "1x8"
-[optimizer]
-warmup_steps = 2
-[train]
-batch_size = 16
-checkpoint_every = 4
-keep_checkpoints = 2
-[replay]
-floor = 100000
-val_percent = 30
-workers = 0
-validation_positions = 48
-[log]
-interval = 2
-"""
+TINY = tiny_config(optimizer={"warmup_steps": 2}, train={"checkpoint_every": 4, "keep_checkpoints": 2},
+                   replay={"floor": 100000, "val_percent": 30, "workers": 0, "validation_positions": 48},
+                   log={"interval": 2})
 
 
 def random_game(rng: random.Random, input_format: int = 1) -> np.ndarray:

@@ -10,24 +10,15 @@ pytest.importorskip("torch", reason="cyzero-train needs the train extra (pip ins
 
 from trainer.cli import main  # noqa: E402
 from trainer.store import ReplayStore  # noqa: E402
+from tiny_configs import tiny_config  # noqa: E402
 
 STOCKFISH = shutil.which("stockfish") or shutil.which("/usr/games/stockfish")
 needs_stockfish = pytest.mark.skipif(STOCKFISH is None, reason="no stockfish on PATH or at /usr/games/stockfish")
 
 pytestmark = pytest.mark.timeout(180)
 
-TINY = """
-[model]
-net = "1x8"
-[train]
-batch_size = 16
-checkpoint_every = 3
-[replay]
-floor = 1000
-workers = 0
-val_percent = 0
-validation_positions = 0
-"""
+TINY = tiny_config(train={"checkpoint_every": 3},
+                   replay={"floor": 1000, "workers": 0, "val_percent": 0, "validation_positions": 0})
 
 
 @needs_stockfish

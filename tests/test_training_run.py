@@ -25,49 +25,22 @@ import time
 import pytest
 
 from test_uci_harness import REPO, UciEngine
+from tiny_configs import tiny_config
 from trainer.atomic import read_jsonl
 
 pytestmark = pytest.mark.timeout(300)
 
-CONFIG = """
-[model]
-net = "1x8"
-[optimizer]
-warmup_steps = 2
-[train]
-batch_size = 16
-checkpoint_every = 8
-keep_checkpoints = 2
-dist_timeout_s = 60.0
-starved_poll_s = 0.5
-[replay]
-val_percent = 0.0
-workers = 0
-validation_positions = 0
-max_samples_per_position = 0.5
-[log]
-interval = 3
-[selfplay]
-visits = 4
-fast_visits = 2
-full_search_prob = 0.5
-max_plies = 24
-games_per_worker = 4
-[daemon]
-endpoint = "tcp://127.0.0.1:*"
-publish = "tcp://127.0.0.1:*"
-fetch = "tcp://127.0.0.1:*"
-workers_per_device = 1
-learner_devices = "cpu:2"
-worker_threads = 1
-flush_s = 0.3
-restart_backoff_s = 0.5
-[ladder]
-nodes = 2
-games = 2
-stockfish = ""
-window = 10000.0
-"""
+CONFIG = tiny_config(
+    optimizer={"warmup_steps": 2},
+    train={"checkpoint_every": 8, "keep_checkpoints": 2, "dist_timeout_s": 60.0, "starved_poll_s": 0.5},
+    replay={"val_percent": 0.0, "workers": 0, "validation_positions": 0, "max_samples_per_position": 0.5},
+    log={"interval": 3},
+    selfplay={"visits": 4, "fast_visits": 2, "full_search_prob": 0.5, "max_plies": 24, "games_per_worker": 4},
+    daemon={"endpoint": "tcp://127.0.0.1:*", "publish": "tcp://127.0.0.1:*", "fetch": "tcp://127.0.0.1:*",
+            "workers_per_device": 1, "learner_devices": "cpu:2", "worker_threads": 1, "flush_s": 0.3,
+            "restart_backoff_s": 0.5},
+    ladder={"nodes": 2, "games": 2, "stockfish": "", "window": 10000.0},
+)
 
 
 def wait_for(predicate, what: str, timeout: float = 120.0, daemon=None, run: str | None = None):

@@ -33,7 +33,7 @@ from typing import Any
 __all__: Sequence[str] = [
     "ModelConfig", "OptimizerConfig", "LossConfig", "TrainingConfig", "ReplayConfig", "LogConfig",
     "SelfPlayConfig", "DaemonConfig", "GatingConfig", "LadderConfig",
-    "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml",
+    "TrainConfig", "default_config", "load_config", "loads_config", "from_dict", "to_toml", "toml_value",
     "markdown_table", "model_differences", "CONFIG_FILE", "EFFECTIVE_CONFIG_FILE", "load_run_config",
     "load_effective_config", "bundled_config", "bundled_config_names", "named_config_path", "load_named_config",
     "window_size", "is_validation", "TEACHER_DEFAULTS",
@@ -569,7 +569,8 @@ def is_validation(name: str, percent: float) -> bool:
     return value < percent / 100.0 * 2.0**64
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
+    """One value as TOML writes it (what `to_toml` and the tests' small configs write)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -579,7 +580,7 @@ def _toml_value(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string: the same escapes for these characters
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -591,7 +592,7 @@ def to_toml(config: TrainConfig) -> str:
         lines += ["", f"[{section.name}]"]
         for field in dataclasses.fields(part):
             lines.append(f"# {field.metadata['doc']}")
-            lines.append(f"{field.name} = {_toml_value(getattr(part, field.name))}")
+            lines.append(f"{field.name} = {toml_value(getattr(part, field.name))}")
     return "\n".join(lines) + "\n"
 
 
@@ -602,7 +603,7 @@ def markdown_table() -> str:
     for section in dataclasses.fields(TrainConfig):
         part = getattr(defaults, section.name)
         for field in dataclasses.fields(part):
-            value = _toml_value(getattr(part, field.name))
+            value = toml_value(getattr(part, field.name))
             rows.append(f"| `{section.name}.{field.name}` | `{value}` | {field.metadata['doc']} |")
     return "\n".join(rows) + "\n"
 
