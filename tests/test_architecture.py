@@ -227,3 +227,19 @@ def test_the_private_import_check_sees_one():
     assert _private_imports(text, "trainer.bench_x", "trainer") == {
         "trainer.bench_x imports engine.tools.bench._replay", "trainer.bench_x imports trainer._own"}
     assert _private_imports("from trainer.store import _x\n", "trainer.store", "trainer") == set()
+
+
+def _rooms_map() -> str:
+    with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as f:
+        text = f.read()
+    return text[text.index("\n## Rooms\n"):text.index("\n## Arrows\n")]
+
+
+@pytest.mark.parametrize("path", sorted(os.path.relpath(p, REPO) for p in _modules().values()
+                                         if not p.endswith(("__init__.py", "__main__.py"))))
+def test_every_module_is_on_the_map(path):
+    """docs/architecture.md's map names every module with its one concern: a newcomer finds each room there."""
+    name = os.path.basename(path)
+    stem = name.rsplit(".", 1)[0]
+    assert re.search(rf"(?<![\w.]){re.escape(stem)}(\.pyx?)?(?![\w])", _rooms_map()), \
+        f"{path} is not named in docs/architecture.md's map of the rooms"
