@@ -1,4 +1,4 @@
-"""cyzero's own fp32 ONNX exports as networks to start from (trainer/lc0_import.py, ``net_from_onnx``):
+"""cyzero's own fp32 ONNX exports as networks to start from (trainer/onnx_import.py, ``net_from_onnx``):
 ``read_network``, ``learn --init-from`` and ``train.init_from`` rebuild the PyTorch network from the
 file's ``cyzero.config`` metadata and initializers and check it against the file's own graph.
 
@@ -22,11 +22,10 @@ from onnx import helper, numpy_helper
 
 from lc0_files import CYZERO
 from trainer.export import export_onnx, sample_positions
-from trainer.lc0_import import (
-    LC0_PARITY, OnnxImportError, OnnxParityError, check_against_onnx, compare_with_onnx, has_folded_batch_norm,
-    net_from_onnx, read_network,
-)
+from trainer.lc0_import import LC0_PARITY, compare_with_onnx
 from trainer.model import InferenceNet, Net, NetConfig
+from trainer.network_files import has_folded_batch_norm, read_network
+from trainer.onnx_import import OnnxImportError, OnnxParityError, check_against_onnx, net_from_onnx
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_thread")]
 

@@ -165,7 +165,8 @@ def test_what_cyzero_cannot_represent_is_a_one_line_error(tmp_path):
     from onnx import TensorProto, helper
 
     from engine.lc0 import read_lc0, read_lc0_file
-    from trainer.lc0_import import Lc0ImportError, net_from_lc0, read_network
+    from trainer.lc0_import import Lc0ImportError, net_from_lc0
+    from trainer.network_files import read_network
 
     path = str(tmp_path / "odd-se.pb.gz")
     write_lc0(path, Lc0Spec(blocks=1, filters=16, se=True, se_channels=6))  # no whole r gives 16 // r == 6

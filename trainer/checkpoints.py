@@ -3,7 +3,7 @@
 The learner writes ``RUN/checkpoints/step-N.pt`` with :data:`LEARNER_KEYS` (what a resume
 needs); :func:`trainer.model.save_checkpoint_dict` writes the two a network needs,
 :data:`NETWORK_KEYS`. Every reader (the learner's resume, ``export --checkpoint``,
-``train.init_from`` through :func:`trainer.lc0_import.read_network`, :func:`trainer.model.load_net`)
+``train.init_from`` through :func:`trainer.network_files.read_network`, :func:`trainer.model.load_net`)
 comes through :func:`read_checkpoint`: onto the CPU, with ``weights_only=True`` so a file can hold
 tensors and plain containers but never code, and a one-line ValueError naming the file for what
 is not a checkpoint.

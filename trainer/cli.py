@@ -392,8 +392,8 @@ def export_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     import numpy as np
 
     from trainer.export import VARIANTS
-    from trainer.lc0_import import is_onnx_path, read_network
     from trainer.model import NetConfig, build_net
+    from trainer.network_files import is_onnx_path, read_network
 
     spec = args.variants if args.variants is not None else ("" if args.lc0 else ",".join(VARIANTS))
     variants = [v.strip() for v in spec.split(",") if v.strip()]

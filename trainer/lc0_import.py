@@ -33,38 +33,29 @@ measures it). How each part maps:
   ``filters // r``, blocks with and without SE mixed, an lc0 file holding an ONNX model)
   is an :class:`Lc0ImportError` with a one-line reason.
 
-cyzero's own fp32 ONNX exports (:mod:`trainer.export`; the bundled ``engine/nets/default.onnx``)
-are networks to start from too: :func:`net_from_onnx` rebuilds the :class:`Net` from the file's
-``cyzero.config`` metadata and its initializers. The exporter folds each batch norm into its
-convolution, which is loaded as an lc0 file's is (and calibrated the same way before training);
-the input scaling (a Mul before the stem) and the conv policy head's Gather are checked, not
-loaded; the rebuilt network is checked against the file's own graph (:func:`check_against_onnx`,
-the same :data:`LC0_PARITY`). An ONNX file without cyzero's metadata (lc0's ``leela2onnx``, any
-other) and cyzero's fp16 and int8 variants are an :class:`OnnxImportError` with a one-line reason.
+The weight loaders (:func:`load_conv_bn`, :func:`load_linear`, :func:`checked_tensor`) and the
+parity check against an ONNX graph (:func:`compare_with_onnx`, :func:`parity_failures`) are
+shared with :mod:`trainer.onnx_import`, which reads cyzero's own ONNX exports the same way.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net, is_lc0_file, read_lc0_file
+from engine.lc0 import CONV_POLICY_MAP, ConvLayer, Dense, Lc0Error, Lc0Net
 from engine.lc0_onnx import lc0_to_onnx
-from trainer.checkpoints import NETWORK_KEYS, read_checkpoint
 from trainer.model import (
-    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, load_net, policy_index_and_map,
-    rule50_scale,
+    CONV_POLICY_PLANES, RULE50_PLANE, RULE50_SCALE, ConvBN, Net, NetConfig, policy_index_and_map, rule50_scale,
 )
 
 __all__: Sequence[str] = [
     "Lc0ImportError", "Lc0ParityError", "LC0_PARITY", "net_config_from_lc0", "net_from_lc0", "conv_policy_planes",
-    "compare_with_lc0", "check_against_lc0", "calibrate_batch_norm", "read_network", "is_lc0_path",
-    "OnnxImportError", "OnnxParityError", "net_from_onnx", "onnx_net_config", "compare_with_onnx",
-    "check_against_onnx", "parity_failures", "is_onnx_path", "has_folded_batch_norm",
+    "compare_with_lc0", "check_against_lc0", "calibrate_batch_norm", "compare_with_onnx", "parity_failures",
+    "checked_tensor", "load_conv_bn", "load_linear",
 ]
 
 #: How close the rebuilt PyTorch network must be to lc0's graph (float32 both): the max
@@ -82,21 +73,6 @@ class Lc0ImportError(Lc0Error):
 
 class Lc0ParityError(Lc0ImportError):
     """The PyTorch network rebuilt from an lc0 file does not compute what lc0's graph computes."""
-
-
-def is_lc0_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is an lc0 weights file: named ``.pb.gz``/``.pb``, or gzipped (a torch
-    checkpoint is a zip archive or a pickle, never gzip)."""
-    return is_lc0_file(path) or _starts_with(path, b"\x1f\x8b")
-
-
-def _starts_with(path: str | os.PathLike, magic: bytes) -> bool:
-    """Whether the file ``path`` starts with ``magic`` (False when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False
 
 
 def conv_policy_planes() -> np.ndarray:
@@ -226,33 +202,36 @@ def net_config_from_lc0(net: Lc0Net) -> NetConfig:
 # --------------------------------------------------------------------------- weights
 
 
-def _tensor(array: np.ndarray, like: torch.Tensor, what: str) -> torch.Tensor:
+def checked_tensor(array: np.ndarray, like: torch.Tensor, what: str) -> torch.Tensor:
+    """``array`` as a float32 tensor to copy into ``like``; :class:`Lc0ImportError` naming ``what``
+    when the shapes differ."""
     array = np.asarray(array, dtype=np.float32)
     if tuple(array.shape) != tuple(like.shape):
         raise Lc0ImportError(f"{what}: the file's weights are {list(array.shape)}, cyzero's {list(like.shape)}")
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def _load_conv_bn(module: ConvBN, layer: ConvLayer, what: str, weight: np.ndarray | None = None) -> None:
+def load_conv_bn(module: ConvBN, layer: ConvLayer, what: str, weight: np.ndarray | None = None) -> None:
     """A folded lc0 convolution into conv + batch norm: the batch norm is the identity plus the
     bias in eval mode (weight 1, bias b, mean 0, variance 1 - eps, so sqrt(var + eps) = 1)."""
     conv, bn = module[0], module[1]
-    conv.weight.copy_(_tensor(layer.w if weight is None else weight, conv.weight, f"{what} weights"))
+    conv.weight.copy_(checked_tensor(layer.w if weight is None else weight, conv.weight, f"{what} weights"))
     bn.weight.fill_(1.0)
-    bn.bias.copy_(_tensor(layer.b, bn.bias, f"{what} biases"))
+    bn.bias.copy_(checked_tensor(layer.b, bn.bias, f"{what} biases"))
     bn.running_mean.zero_()
     bn.running_var.fill_(1.0 - bn.eps)
     bn.num_batches_tracked.zero_()
 
 
-def _load_linear(module: nn.Linear, layer: Dense, what: str) -> None:
-    module.weight.copy_(_tensor(layer.w, module.weight, f"{what} weights"))
-    module.bias.copy_(_tensor(layer.b, module.bias, f"{what} biases"))
+def load_linear(module: nn.Linear, layer: Dense, what: str) -> None:
+    """A dense layer's weights and biases into ``module``, shapes checked."""
+    module.weight.copy_(checked_tensor(layer.w, module.weight, f"{what} weights"))
+    module.bias.copy_(checked_tensor(layer.b, module.bias, f"{what} biases"))
 
 
 def _load_norm(module: nn.LayerNorm, ln, what: str) -> None:
-    module.weight.copy_(_tensor(ln.gammas, module.weight, f"{what} gammas"))
-    module.bias.copy_(_tensor(ln.betas, module.bias, f"{what} betas"))
+    module.weight.copy_(checked_tensor(ln.gammas, module.weight, f"{what} gammas"))
+    module.bias.copy_(checked_tensor(ln.betas, module.bias, f"{what} betas"))
 
 
 def _wdl_logits(ip2: Dense) -> Dense:
@@ -269,48 +248,49 @@ def _body_from_lc0(lc0net: Lc0Net, config: NetConfig) -> Net:
     net = Net(config, seed=0)
     body = net.body
     with torch.no_grad():
-        _load_linear(body.preproc, b.preproc, "PE-dense preprocessing")
+        load_linear(body.preproc, b.preproc, "PE-dense preprocessing")
         emb = np.array(b.ip_emb.w, dtype=np.float32, copy=True)
         emb[:, RULE50_PLANE] /= np.float32(rule50_scale(config))
-        _load_linear(body.embedding, Dense(emb, b.ip_emb.b), "input embedding")
+        load_linear(body.embedding, Dense(emb, b.ip_emb.b), "input embedding")
         _load_norm(body.embedding_ln, b.emb_ln, "input embedding layer norm")
         if b.mult_gate is not None:   # without gates: the identity, which the defaults (1, 0) are
-            body.mult_gate.copy_(_tensor(b.mult_gate.T, body.mult_gate, "input gate (multiplicative)"))
-            body.add_gate.copy_(_tensor(b.add_gate.T, body.add_gate, "input gate (additive)"))
+            body.mult_gate.copy_(checked_tensor(b.mult_gate.T, body.mult_gate, "input gate (multiplicative)"))
+            body.add_gate.copy_(checked_tensor(b.add_gate.T, body.add_gate, "input gate (additive)"))
         ffn1, ffn2, ln = b.emb_ffn
-        _load_linear(body.ffn1, ffn1, "embedding FFN dense 1")
-        _load_linear(body.ffn2, ffn2, "embedding FFN dense 2")
+        load_linear(body.ffn1, ffn1, "embedding FFN dense 1")
+        load_linear(body.ffn2, ffn2, "embedding FFN dense 2")
         _load_norm(body.ffn_ln, ln, "embedding FFN layer norm")
         for i, (layer, e) in enumerate(zip(body.encoders, b.encoders)):
             what = f"encoder {i}"
             for module, dense, part in ((layer.q, e.q, "queries"), (layer.k, e.k, "keys"), (layer.v, e.v, "values"),
                                         (layer.out, e.out, "output"), (layer.ffn1, e.ffn1, "FFN dense 1"),
                                         (layer.ffn2, e.ffn2, "FFN dense 2")):
-                _load_linear(module, dense, f"{what} {part}")
+                load_linear(module, dense, f"{what} {part}")
             _load_norm(layer.ln1, e.ln1, f"{what} layer norm 1")
             _load_norm(layer.ln2, e.ln2, f"{what} layer norm 2")
             if e.smolgen is not None:
                 sg, src = layer.smolgen, e.smolgen
-                sg.compress.weight.copy_(_tensor(src.compress, sg.compress.weight, f"{what} smolgen compress"))
-                _load_linear(sg.dense1, src.dense1, f"{what} smolgen dense 1")
+                sg.compress.weight.copy_(checked_tensor(src.compress, sg.compress.weight, f"{what} smolgen compress"))
+                load_linear(sg.dense1, src.dense1, f"{what} smolgen dense 1")
                 _load_norm(sg.ln1, src.ln1, f"{what} smolgen layer norm 1")
-                _load_linear(sg.dense2, src.dense2, f"{what} smolgen dense 2")
+                load_linear(sg.dense2, src.dense2, f"{what} smolgen dense 2")
                 _load_norm(sg.ln2, src.ln2, f"{what} smolgen layer norm 2")
         if body.generator is not None:
-            body.generator.weight.copy_(_tensor(b.smolgen_w, body.generator.weight, "global smolgen weights"))
+            body.generator.weight.copy_(checked_tensor(b.smolgen_w, body.generator.weight, "global smolgen weights"))
         p = b.policy_heads[b.policy_head]
-        _load_linear(net.policy.embedding, p.embedding, "policy embedding")
-        _load_linear(net.policy.wq, p.wq, "policy queries")
-        _load_linear(net.policy.wk, p.wk, "policy keys")
-        net.policy.promotion.weight.copy_(_tensor(p.ppo, net.policy.promotion.weight, "policy promotion offsets"))
+        load_linear(net.policy.embedding, p.embedding, "policy embedding")
+        load_linear(net.policy.wq, p.wq, "policy queries")
+        load_linear(net.policy.wk, p.wk, "policy keys")
+        net.policy.promotion.weight.copy_(checked_tensor(p.ppo, net.policy.promotion.weight,
+                                                         "policy promotion offsets"))
         v = b.value_heads[b.value_head]
-        _load_linear(net.value_embedding, v.embedding, "value embedding")
-        _load_linear(net.value_fc1, v.ip1, "value dense 1")
-        _load_linear(net.value_fc2, v.ip2 if b.wdl else _wdl_logits(v.ip2), "value dense 2")
+        load_linear(net.value_embedding, v.embedding, "value embedding")
+        load_linear(net.value_fc1, v.ip1, "value dense 1")
+        load_linear(net.value_fc2, v.ip2 if b.wdl else _wdl_logits(v.ip2), "value dense 2")
         if b.moves_left is not None:
             for module, dense, part in zip((net.mlh_embedding, net.mlh_fc1, net.mlh_fc2), b.moves_left,
                                            ("embedding", "dense 1", "dense 2")):
-                _load_linear(module, dense, f"moves-left {part}")
+                load_linear(module, dense, f"moves-left {part}")
     return net.eval()
 
 
@@ -327,32 +307,32 @@ def net_from_lc0(lc0net: Lc0Net) -> Net:
         if stem.ndim != 4 or stem.shape[1] <= RULE50_PLANE:
             raise Lc0ImportError(f"the input convolution's weights are {list(stem.shape)}, not [F, 112, 3, 3]")
         stem[:, RULE50_PLANE] *= np.float32(1.0 / RULE50_SCALE)  # cyzero's graph scales that plane by 1/100
-        _load_conv_bn(net.stem, w.input, "input convolution", stem)
+        load_conv_bn(net.stem, w.input, "input convolution", stem)
         for i, (block, res) in enumerate(zip(net.blocks, w.residual)):
-            _load_conv_bn(block.conv1, res.conv1, f"block {i} conv1")
-            _load_conv_bn(block.conv2, res.conv2, f"block {i} conv2")
+            load_conv_bn(block.conv1, res.conv1, f"block {i} conv1")
+            load_conv_bn(block.conv2, res.conv2, f"block {i} conv2")
             if block.se is not None:
-                _load_linear(block.se.fc1, Dense(res.se.w1, res.se.b1), f"block {i} SE layer 1")
-                _load_linear(block.se.fc2, Dense(res.se.w2, res.se.b2), f"block {i} SE layer 2")
+                load_linear(block.se.fc1, Dense(res.se.w1, res.se.b1), f"block {i} SE layer 1")
+                load_linear(block.se.fc2, Dense(res.se.w2, res.se.b2), f"block {i} SE layer 2")
         if config.policy_head == "conv":
-            _load_conv_bn(net.policy.conv1, w.policy1, "policy conv1")
+            load_conv_bn(net.policy.conv1, w.policy1, "policy conv1")
             planes = conv_policy_planes()
             conv2 = net.policy.conv2
-            conv2.weight.copy_(_tensor(w.policy_conv.w[planes], conv2.weight, "policy conv2 weights"))
-            conv2.bias.copy_(_tensor(w.policy_conv.b[planes], conv2.bias, "policy conv2 biases"))
+            conv2.weight.copy_(checked_tensor(w.policy_conv.w[planes], conv2.weight, "policy conv2 weights"))
+            conv2.bias.copy_(checked_tensor(w.policy_conv.b[planes], conv2.bias, "policy conv2 biases"))
         else:
-            _load_conv_bn(net.policy.conv, w.policy_conv, "policy convolution")
-            _load_linear(net.policy.fc, w.ip_pol, "policy dense layer")
-        _load_conv_bn(net.value_conv, w.value_conv, "value convolution")
-        _load_linear(net.value_fc1, w.ip1_val, "value dense layer 1")
+            load_conv_bn(net.policy.conv, w.policy_conv, "policy convolution")
+            load_linear(net.policy.fc, w.ip_pol, "policy dense layer")
+        load_conv_bn(net.value_conv, w.value_conv, "value convolution")
+        load_linear(net.value_fc1, w.ip1_val, "value dense layer 1")
         if w.wdl:
-            _load_linear(net.value_fc2, w.ip2_val, "value dense layer 2")
+            load_linear(net.value_fc2, w.ip2_val, "value dense layer 2")
         else:
-            _load_linear(net.value_fc2, _wdl_logits(w.ip2_val), "value dense layer 2")
+            load_linear(net.value_fc2, _wdl_logits(w.ip2_val), "value dense layer 2")
         if config.moves_left:
-            _load_conv_bn(net.mlh_conv, w.mlh_conv, "moves-left convolution")
-            _load_linear(net.mlh_fc1, w.ip1_mov, "moves-left dense layer 1")
-            _load_linear(net.mlh_fc2, w.ip2_mov, "moves-left dense layer 2")
+            load_conv_bn(net.mlh_conv, w.mlh_conv, "moves-left convolution")
+            load_linear(net.mlh_fc1, w.ip1_mov, "moves-left dense layer 1")
+            load_linear(net.mlh_fc2, w.ip2_mov, "moves-left dense layer 2")
     return net.eval()
 
 
@@ -474,376 +454,3 @@ def calibrate_batch_norm(net: Net, planes: np.ndarray, batch: int = 256) -> Net:
             bn.bias.copy_(c + a * mean)
     net.train(was_training)
     return net
-
-
-# --------------------------------------------------------------------------- cyzero's ONNX exports
-
-
-class OnnxImportError(ValueError):
-    """An ONNX file cyzero cannot rebuild a PyTorch network from; the message is one line."""
-
-
-class OnnxParityError(OnnxImportError):
-    """The PyTorch network rebuilt from an ONNX file does not compute what the file computes."""
-
-
-#: ONNX operators of a reduced-precision (int8 QDQ) graph, which has no float32 weights to train.
-_QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                            "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
-#: How many positions (from random games) the rebuilt network is checked on against the file.
-ONNX_CHECK_POSITIONS = 256
-
-
-def is_onnx_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` looks like an ONNX model: named ``.onnx``, or a protobuf whose first field
-    is the ``ir_version`` ONNX's ModelProto starts with (a torch checkpoint starts with ``PK`` or a
-    pickle's ``0x80``, an lc0 file with gzip's ``1f 8b`` or its magic's tag ``0x0d``)."""
-    return os.fspath(path).lower().endswith(".onnx") or _starts_with(path, b"\x08")
-
-
-def has_folded_batch_norm(path: str | os.PathLike) -> bool:
-    """Whether :func:`read_network` rebuilds ``path``'s network with identity batch norms (the
-    convolutions hold them folded: an lc0 file, an ONNX export), which
-    :func:`calibrate_batch_norm` should give real statistics before training; not a checkpoint."""
-    return is_onnx_path(path) or is_lc0_path(path)
-
-
-def _reduced_precision_stem(name: str) -> str:
-    """``default.fp16.onnx`` -> ``default.onnx``: the fp32 file next to a variant's."""
-    from trainer.export import VARIANT_SUFFIX
-
-    for variant, suffix in VARIANT_SUFFIX.items():
-        if variant != "fp32" and name.lower().endswith(suffix):
-            return name[:-len(suffix)] + ".onnx"
-    return "the .onnx one without .fp16 or .int8"
-
-
-def onnx_net_config(model, name: str = "the file") -> NetConfig:
-    """The :class:`NetConfig` a cyzero fp32 ONNX export was made from (its ``cyzero.config``
-    metadata); :class:`OnnxImportError` for a foreign ONNX model or a reduced-precision variant."""
-    import json
-
-    import onnx
-
-    meta = {p.key: p.value for p in model.metadata_props}
-    if "cyzero.config" not in meta:
-        raise OnnxImportError("an ONNX network without cyzero's metadata (cyzero.config), so not one of cyzero's "
-                              "exports: its weights cannot be mapped onto cyzero's network (give cyzero's fp32 "
-                              "export, an lc0 weights file (.pb.gz, .pb) or a cyzero checkpoint (.pt))")
-    variant = meta.get("cyzero.variant", "fp32")
-    halves = [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
-    quantized = [n.op_type for n in model.graph.node if n.op_type in _QUANTIZED_OPS]
-    if variant != "fp32" or halves or quantized:
-        kind = variant if variant != "fp32" else ("int8" if quantized else "fp16")
-        raise OnnxImportError(f"cyzero's {kind} ONNX export holds reduced-precision weights, which training "
-                              f"cannot start from: use the fp32 file ({_reduced_precision_stem(name)})")
-    try:
-        return NetConfig.from_dict(json.loads(meta["cyzero.config"]))
-    except (ValueError, TypeError) as exc:  # json's JSONDecodeError is a ValueError
-        raise OnnxImportError(f"its cyzero.config metadata is no network config: {' '.join(str(exc).split())[:200]}") \
-            from None
-
-
-def _onnx_constants(graph) -> dict[str, np.ndarray]:
-    """Every constant of the graph by name: its initializers, its Constant nodes' values and the
-    Identity nodes of either."""
-    from onnx import helper, numpy_helper
-
-    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            attr = node.attribute[0]
-            value = helper.get_attribute_value(attr)
-            consts[node.output[0]] = numpy_helper.to_array(value) if attr.name == "value" else np.asarray(value)
-        elif node.op_type == "Identity" and node.input and node.input[0] in consts:
-            consts[node.output[0]] = consts[node.input[0]]
-    return consts
-
-
-class _OnnxLayer:
-    """A Conv, Gemm or MatMul(+Add) node's weights: ``w`` in PyTorch's layout ([out, in, k, k] or
-    [out, in]), ``b`` (or None), ``bn`` the (scale, bias, mean, var, epsilon) of a
-    BatchNormalization that follows a Conv (None: folded into it, or none)."""
-
-    def __init__(self, node, w: np.ndarray, b: np.ndarray | None, bn: tuple | None = None,
-                 attrs: dict | None = None):
-        self.node, self.w, self.b, self.bn, self.attrs = node, w, b, bn, attrs or {}
-
-    @property
-    def kind(self) -> str:
-        return "convolution" if self.node.op_type == "Conv" else "dense layer"
-
-    @property
-    def where(self) -> str:
-        return f"{self.node.op_type} node {self.node.name or self.node.output[0]!r}"
-
-
-def _onnx_layers(graph, consts: dict[str, np.ndarray]) -> list[_OnnxLayer]:
-    """The graph's convolutions and dense layers in graph order, their weights as PyTorch holds them."""
-    from onnx import helper
-
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-
-    def attrs(node) -> dict:
-        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-    def weight(node, index: int) -> np.ndarray:
-        if len(node.input) <= index or node.input[index] not in consts:
-            raise OnnxImportError(f"{node.op_type} node {node.name!r} has no constant weights in input {index}: "
-                                  "not a graph cyzero's export writes")
-        return np.array(consts[node.input[index]], dtype=np.float32)  # a copy: numpy_helper's are read-only
-
-    def optional(node, index: int) -> np.ndarray | None:
-        if len(node.input) <= index or not node.input[index]:
-            return None
-        return weight(node, index).reshape(-1)
-
-    def sole_consumer(node, op_type: str):
-        users = consumers.get(node.output[0], [])
-        return users[0] if len(users) == 1 and users[0].op_type == op_type else None
-
-    layers = []
-    for node in graph.node:
-        if node.op_type == "Conv":
-            if node.input[0] in consts:
-                raise OnnxImportError(f"Conv node {node.name!r} convolves a constant: not a graph cyzero's export writes")
-            bn = None
-            norm = sole_consumer(node, "BatchNormalization")
-            if norm is not None:
-                bn = tuple(weight(norm, i).reshape(-1) for i in range(1, 5)) + (
-                    float(attrs(norm).get("epsilon", 1e-5)),)
-            layers.append(_OnnxLayer(node, weight(node, 1), optional(node, 2), bn, attrs(node)))
-        elif node.op_type == "Gemm":
-            a = attrs(node)
-            if a.get("transA", 0) or node.input[0] in consts:
-                raise OnnxImportError(f"Gemm node {node.name!r} multiplies a constant from the left: "
-                                      "not a dense layer of cyzero's")
-            w = weight(node, 1)
-            w = (w if a.get("transB", 0) else w.T) * np.float32(a.get("alpha", 1.0))
-            b = optional(node, 2)
-            layers.append(_OnnxLayer(node, w, None if b is None else b * np.float32(a.get("beta", 1.0))))
-        elif node.op_type == "MatMul":
-            if node.input[0] in consts or node.input[1] not in consts or weight(node, 1).ndim != 2:
-                raise OnnxImportError(f"MatMul node {node.name!r} is no activations x [in, out] weights: "
-                                      "not a dense layer of cyzero's")
-            add, b = sole_consumer(node, "Add"), None
-            if add is not None:
-                other = [name for name in add.input if name != node.output[0]]
-                if len(other) == 1 and other[0] in consts:
-                    b = np.array(consts[other[0]], dtype=np.float32).reshape(-1)
-            layers.append(_OnnxLayer(node, weight(node, 1).T, b))
-    return layers
-
-
-def _onnx_targets(net: Net) -> list[tuple[str, nn.Module, str]]:
-    """cyzero's convolutions and dense layers in the order the forward pass runs them (the
-    exported graph's order): ``("convbn" | "conv" | "linear", module, what)``."""
-    targets: list[tuple[str, nn.Module, str]] = [("convbn", net.stem, "input convolution")]
-    for i, block in enumerate(net.blocks):
-        targets += [("convbn", block.conv1, f"block {i} conv1"), ("convbn", block.conv2, f"block {i} conv2")]
-        if block.se is not None:
-            targets += [("linear", block.se.fc1, f"block {i} SE layer 1"), ("linear", block.se.fc2, f"block {i} SE layer 2")]
-    if net.config.policy_head == "conv":
-        targets += [("convbn", net.policy.conv1, "policy conv1"), ("conv", net.policy.conv2, "policy conv2")]
-    else:
-        targets += [("convbn", net.policy.conv, "policy convolution"), ("linear", net.policy.fc, "policy dense layer")]
-    targets += [("convbn", net.value_conv, "value convolution"), ("linear", net.value_fc1, "value dense layer 1"),
-                ("linear", net.value_fc2, "value dense layer 2")]
-    if net.config.moves_left:
-        targets += [("convbn", net.mlh_conv, "moves-left convolution"),
-                    ("linear", net.mlh_fc1, "moves-left dense layer 1"),
-                    ("linear", net.mlh_fc2, "moves-left dense layer 2")]
-    return targets
-
-
-def _load_onnx_conv(kind: str, module: nn.Module, layer: _OnnxLayer, what: str) -> None:
-    conv = module[0] if kind == "convbn" else module
-    a = layer.attrs
-    pad = conv.padding[0]
-    if (a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", [1, 1]))
-            or any(d != 1 for d in a.get("dilations", [1, 1])) or list(a.get("pads", [0] * 4)) != [pad] * 4
-            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")):
-        raise OnnxImportError(f"{what} ({layer.where}): groups, strides, dilations or pads "
-                              f"{ {k: a.get(k) for k in ('group', 'strides', 'dilations', 'pads')} } "
-                              f"are not cyzero's (1, 1, 1, {pad})")
-    bias = layer.b if layer.b is not None else np.zeros(layer.w.shape[0], np.float32)
-    if kind == "conv":
-        if layer.bn is not None:
-            raise OnnxImportError(f"{what} ({layer.where}) is followed by a batch norm; cyzero's has none")
-        conv.weight.copy_(_tensor(layer.w, conv.weight, f"{what} weights"))
-        conv.bias.copy_(_tensor(bias, conv.bias, f"{what} biases"))
-    elif layer.bn is None:  # batch norm folded into the convolution (the TorchScript exporter's way)
-        _load_conv_bn(module, ConvLayer(layer.w, bias), what)
-    else:  # conv (+ bias) then BatchNormalization: BN(x + b) has running mean ``mean - b``
-        bn = module[1]
-        scale, shift, mean, var, eps = layer.bn
-        conv.weight.copy_(_tensor(layer.w, conv.weight, f"{what} weights"))
-        bn.weight.copy_(_tensor(scale, bn.weight, f"{what} batch norm scale"))
-        bn.bias.copy_(_tensor(shift, bn.bias, f"{what} batch norm bias"))
-        _tensor(bias, bn.running_mean, f"{what} biases")
-        bn.running_mean.copy_(_tensor(mean - bias, bn.running_mean, f"{what} batch norm mean"))
-        bn.running_var.copy_(_tensor(var, bn.running_var, f"{what} batch norm variance"))
-        bn.eps = eps
-        bn.num_batches_tracked.zero_()
-
-
-def _check_onnx_io(model, net: Net, consts: dict[str, np.ndarray], stem_node) -> None:
-    """The graph's outputs, its input scaling and (conv policy head) its policy gather are cyzero's."""
-    from engine.network import INPUT_NAME, POLICY_NAME
-    from trainer.model import InferenceNet
-
-    graph = model.graph
-    outputs = [o.name for o in graph.output]
-    expected = InferenceNet(net).output_names
-    if outputs != expected or [i.name for i in graph.input if i.name not in consts] != [INPUT_NAME]:
-        raise OnnxImportError(f"the graph's inputs and outputs are {[i.name for i in graph.input]} -> {outputs}; "
-                              f"a {net.config.name} network as its metadata describes has [{INPUT_NAME!r}] -> {expected}")
-    producer = {o: n for n in graph.node for o in n.output}
-    scaling = producer.get(stem_node.input[0])
-    factor = None
-    if scaling is not None and scaling.op_type == "Mul" and INPUT_NAME in scaling.input:
-        other = [name for name in scaling.input if name != INPUT_NAME]
-        factor = consts.get(other[0]) if len(other) == 1 else None
-    scale = net.input_scale.numpy()
-    if (factor is None or np.asarray(factor).size != scale.size
-            or not np.allclose(np.asarray(factor, np.float32).reshape(scale.shape), scale, rtol=1e-6, atol=0)):
-        raise OnnxImportError("the input convolution does not read the input planes times cyzero's input scale "
-                              f"(the rule50 plane / {1 / RULE50_SCALE:g}): not a graph cyzero's export writes")
-    if net.config.policy_head == "conv":
-        node = producer.get(POLICY_NAME)
-        while node is not None and node.op_type == "Identity":
-            node = producer.get(node.input[0])
-        index = consts.get(node.input[1]) if node is not None and node.op_type == "Gather" else None
-        if index is None or not np.array_equal(np.asarray(index).reshape(-1), net.policy.policy_map.numpy()):
-            raise OnnxImportError("the policy output is not cyzero's gather of the conv policy head's 1858 moves")
-
-
-def net_from_onnx(model) -> Net:
-    """cyzero's PyTorch :class:`Net` rebuilt from one of cyzero's fp32 ONNX exports (an
-    ``onnx.ModelProto`` or its bytes; :func:`trainer.export.export_onnx`). Its ``cyzero.config``
-    metadata gives the shape; each Conv, Gemm and MatMul(+Add), in graph order, is the next of
-    the forward pass's convolutions and dense layers (stem, each block's conv1, conv2 and SE
-    layers, policy, value and moves-left heads), shapes checked at each. A batch norm folded into
-    its convolution is loaded as lc0's are (:func:`_load_conv_bn`); a BatchNormalization node
-    keeps its own statistics. :class:`OnnxImportError` (one line): anything else."""
-    import onnx
-
-    if isinstance(model, (bytes, bytearray)):
-        model = onnx.load_from_string(bytes(model))
-    config = onnx_net_config(model)
-    consts = _onnx_constants(model.graph)
-    layers = _onnx_layers(model.graph, consts)
-    net = Net(config, seed=0)
-    targets = _onnx_targets(net)
-    if len(layers) != len(targets):
-        raise OnnxImportError(f"the graph has {len(layers)} convolutions and dense layers; a {config.name} network "
-                              f"as its metadata describes has {len(targets)}")
-    norms = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
-    if len(norms) != sum(layer.bn is not None for layer in layers):
-        raise OnnxImportError("a BatchNormalization that follows no convolution of its own: not a graph cyzero's "
-                              "export writes")
-    try:
-        with torch.no_grad():
-            for layer, (kind, module, what) in zip(layers, targets):
-                wanted = "dense layer" if kind == "linear" else "convolution"
-                if layer.kind != wanted:
-                    raise OnnxImportError(f"the graph's {layer.where} is a {layer.kind} where cyzero's network has "
-                                          f"its {what}, a {wanted}")
-                if kind == "linear":
-                    if layer.w.ndim != 2:
-                        raise OnnxImportError(f"{what} ({layer.where}): weights {list(layer.w.shape)} are not 2-d")
-                    bias = layer.b if layer.b is not None else np.zeros(layer.w.shape[0], np.float32)
-                    _load_linear(module, Dense(layer.w, bias), what)
-                else:
-                    _load_onnx_conv(kind, module, layer, what)
-    except Lc0ImportError as exc:  # the shared loaders' shape checks
-        raise OnnxImportError(str(exc)) from None
-    _check_onnx_io(model, net, consts, layers[0].node)
-    return net.eval()
-
-
-def check_against_onnx(net: Net, model: bytes, planes: np.ndarray, masks: np.ndarray | None = None,
-                       bounds: dict | None = None) -> dict:
-    """:func:`compare_with_onnx` of the ONNX ``model`` (bytes), then :class:`OnnxParityError` if a
-    figure is outside ``bounds`` (default :data:`LC0_PARITY`); returns the figures."""
-    try:
-        numbers = compare_with_onnx(net, model, planes, masks, graph="the file's graph")
-    except Lc0ImportError as exc:
-        raise OnnxImportError(str(exc)) from None
-    failures = parity_failures(numbers, bounds)
-    if failures:
-        raise OnnxParityError(f"the PyTorch network rebuilt from it disagrees with its own graph over "
-                              f"{numbers['positions']} positions: " + "; ".join(failures))
-    return numbers
-
-
-def _onnx_network(path: str) -> tuple[Net, str]:
-    """One of cyzero's fp32 ONNX exports rebuilt in PyTorch (:func:`net_from_onnx`), checked against
-    the file on :data:`ONNX_CHECK_POSITIONS` positions from random games."""
-    import onnx
-
-    name = os.path.basename(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        model = onnx.load_from_string(data)
-    except Exception as exc:  # protobuf's DecodeError and friends
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise OnnxImportError(f"{name} is not an ONNX network that loads ({reason})") from None
-    try:
-        onnx_net_config(model, name)
-        net = net_from_onnx(model)
-        from trainer.export import sample_positions
-
-        planes, masks = sample_positions(ONNX_CHECK_POSITIONS, seed=0)
-        check_against_onnx(net, data, planes, masks)
-    except OnnxImportError as exc:
-        raise type(exc)(f"{name}: {exc}") from None
-    return net, f"{name}: cyzero ONNX export, {net.config.name}, rebuilt from its weights"
-
-
-# --------------------------------------------------------------------------- files
-
-
-def read_network(path: str | os.PathLike) -> tuple[Net, str]:
-    """The network in ``path`` and a one-line description of it: an lc0 weights file
-    (``.pb.gz``, ``.pb``) through :func:`net_from_lc0`, one of cyzero's fp32 ONNX exports (the
-    bundled ``engine/nets/default.onnx`` too) through :func:`net_from_onnx`, checked against the
-    file's own graph, or a cyzero checkpoint (its raw weights, where its training stood).
-    ValueError naming the file and what is wrong, in one line."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"network file {path} not found" if not os.path.exists(path)
-                         else f"{path} is not a file")
-    if path.lower().endswith(".onnx"):
-        return _onnx_network(path)
-    if is_lc0_path(path):
-        lc0net = read_lc0_file(path)
-        try:
-            net = net_from_lc0(lc0net)
-        except Lc0Error as exc:
-            raise Lc0ImportError(f"{os.path.basename(path)}: {exc}") from None
-        return net, f"{os.path.basename(path)}: {lc0net.description}"
-    if is_onnx_path(path):
-        return _onnx_network(path)
-    return _checkpoint_network(path)
-
-
-def _checkpoint_network(path: str) -> tuple[Net, str]:
-    """A cyzero checkpoint's network, its raw weights (where its training stood)."""
-    name = os.path.basename(path)
-    try:
-        data = read_checkpoint(path, NETWORK_KEYS)
-    except ValueError as exc:
-        raise ValueError(f"{name} is neither an lc0 weights file (.pb.gz, .pb) nor a cyzero checkpoint "
-                         f"that loads ({exc})") from None
-    try:
-        net = load_net(data)
-    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ValueError(f"{name} does not hold a network cyzero can load: {reason}") from None
-    step = f", step {data['step']:,}" if isinstance(data.get("step"), int) else ""
-    return net.eval(), f"{name}: cyzero checkpoint, {net.config.name}{step}, raw weights"

@@ -336,7 +336,8 @@ class Learner:
         calibrated on the run's held-out positions (else positions from random games), so that
         training mode starts from the function the file computes
         (:func:`trainer.lc0_import.calibrate_batch_norm`; eval mode's outputs do not change)."""
-        from trainer.lc0_import import calibrate_batch_norm, has_folded_batch_norm
+        from trainer.lc0_import import calibrate_batch_norm
+        from trainer.network_files import has_folded_batch_norm
 
         path = init_from_path(self.cfg, self.run_dir)
         source, _ = read_init_network(path)

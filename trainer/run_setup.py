@@ -73,7 +73,7 @@ _INIT_NETWORKS: dict[tuple, tuple[Net, str]] = {}
 
 
 def read_init_network(path: str) -> tuple[Net, str]:
-    """:func:`trainer.lc0_import.read_network` of ``path`` (remembered for the file as it is, so
+    """:func:`trainer.network_files.read_network` of ``path`` (remembered for the file as it is, so
     the start's checks and the learner that loads it read it once)."""
     try:
         st = os.stat(path)
@@ -81,7 +81,7 @@ def read_init_network(path: str) -> tuple[Net, str]:
         raise ValueError(f"train.init_from: cannot read {path}: {exc.strerror or exc}") from None
     key = (path, st.st_mtime_ns, st.st_size)
     if key not in _INIT_NETWORKS:
-        from trainer.lc0_import import read_network
+        from trainer.network_files import read_network
 
         try:
             found = read_network(path)
