@@ -3,7 +3,7 @@
 Both sides import this module: the training daemon publishes with
 :class:`Announcer` and the engine's ``TrainerEndpoint`` follower
 (:mod:`engine.watchers`) reads what it sends; :class:`RangeFetch` is the
-follower's half of a fetch, without the socket.  docs/architecture.md
+follower's half of a fetch, without the socket.  docs/contracts.md
 ("Following a trainer") is the contract in prose; this module is its one
 implementation.
 

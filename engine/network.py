@@ -5,7 +5,7 @@
     >>> net.provider, net.description
     ('CPUExecutionProvider', 'default.onnx sha256:1e24186e84ad CPU fp32 6x64, float32 io')
 
-The contract (``docs/architecture.md``, "Contracts"): one input ``/input/planes``
+The contract (``docs/contracts.md``, "The network"): one input ``/input/planes``
 [N,112,8,8]; outputs ``/output/policy`` [N,1858] raw logits, ``/output/wdl``
 [N,3] win/draw/loss probabilities (softmax inside the graph), and optionally
 ``/output/mlh`` [N,1] moves left.  The batch dimension is dynamic.  Every

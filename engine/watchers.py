@@ -12,7 +12,7 @@ thread-safe (the UCI session's is: ``uci.session.Floor``).
   and proposes it when the sha256 is new.  A side file ``<file>.sha256``
   (:mod:`trainer.atomic` writes both) must match; a mismatch is refused and
   looked at again when either file changes.
-* :class:`TrainerFollower` follows a training daemon (docs/architecture.md, "Following a trainer"):
+* :class:`TrainerFollower` follows a training daemon (docs/contracts.md, "Following a trainer"):
   a ZeroMQ SUB socket reads :mod:`engine.announce` announcements, optionally
   as a CurveZMQ client; a generation older than the newest in use or on its
   way is ignored with a line, the same generation again (the daemon

@@ -1,7 +1,7 @@
 """Plain-Python reference for the lc0 "classical" (112-plane) input encoding and
 the 1858-entry policy map, written on python-chess for clarity, not speed.
 
-It is written from the contract in docs/architecture.md ("Contracts") and lc0's classical
+It is written from the contract in docs/contracts.md ("The network") and lc0's classical
 input format, independently of ``cython_src/encoding.pyx``, so that the
 differential tests in ``test_encoding.py`` compare two separate readings of the
 same contract.

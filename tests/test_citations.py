@@ -51,10 +51,10 @@ def test_every_cited_page_and_section_exists():
     assert missing == []
 
 
-def test_the_network_contract_the_code_cites_is_in_the_architecture_page():
-    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+def test_the_network_contract_the_code_cites_is_on_the_contracts_page():
+    with open(os.path.join(ROOT, "docs", "contracts.md"), encoding="utf-8") as f:
         text = f.read()
-    contracts = text[text.index("\n## Contracts\n"):]
+    contracts = text[text.index("\n## The network\n"):]
     for fact in ("/input/planes", "[N,112,8,8]", "/output/policy", "[N,1858]", "/output/wdl", "/output/mlh",
                  "fen_only", "en-passant", "1792", "66 promotions", "q, r, b", "rule-50 count, raw"):
         assert fact in contracts, fact

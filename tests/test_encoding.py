@@ -1,6 +1,6 @@
 """Differential tests: ``engine.encoding`` against the plain-Python reference in
 ``encoding_reference.py`` (python-chess based, written independently from the
-contract in docs/architecture.md, "Contracts", and lc0's classical 112-plane format).
+contract in docs/contracts.md, "The network", and lc0's classical 112-plane format).
 
 Games are generated with python-chess alone (seeded ``random.Random``, so every
 run plays the same games): from the standard start, from Chess960 starts

@@ -1,4 +1,4 @@
-"""The engine's side of the follower contract (docs/architecture.md, "Following a trainer"), against stand-in daemons.
+"""The engine's side of the follower contract (docs/contracts.md, "Following a trainer"), against stand-in daemons.
 
 A stand-in daemon is a PUB socket (raw, or the :class:`engine.announce.Announcer`
 the real daemon will use), a ROUTER that serves a network's bytes from memory

@@ -1,7 +1,7 @@
 """Export a :class:`trainer.model.Net` to ONNX: fp32, fp16 and int8 variants, each
 checked against PyTorch before it is written.
 
-The exported graph follows the network contract (``docs/architecture.md``, "Contracts"):
+The exported graph follows the network contract (``docs/contracts.md``, "The network"):
 
 =================  =======  ==========  ==================================================
 tensor             dtype    shape       meaning

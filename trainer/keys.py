@@ -1,7 +1,7 @@
 """``cyzero-train keys DIR``: CurveZMQ key pairs for a daemon and the clients it admits.
 
 Layout (what :mod:`engine.announce`'s loaders read; see "Following a trainer" in
-``docs/architecture.md``)::
+``docs/contracts.md``)::
 
     DIR/server/server.key_secret     the daemon's key pair (keep it on the daemon's host)
     DIR/server/server.key            its public half

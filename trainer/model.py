@@ -44,7 +44,7 @@ is ``sigmoid(gamma) * x + beta``.
 
 :meth:`Net.forward` returns raw logits for policy *and* WDL (what the training loss
 wants); :class:`InferenceNet` wraps a :class:`Net` with the network contract of
-``docs/architecture.md`` ("Contracts": WDL softmaxed in the graph, named outputs) and is what
+``docs/contracts.md`` ("The network": WDL softmaxed in the graph, named outputs) and is what
 :mod:`trainer.export` exports.
 
 Why the rule50 plane is scaled inside the graph: the contract feeds it raw (0..100

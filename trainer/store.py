@@ -1,6 +1,6 @@
 """The replay store: durable chunks of V6 records, the manifest log, hold-out, retention, lc0 imports.
 
-Layout under the run directory (see ``docs/architecture.md``)::
+Layout under the run directory (see ``docs/training.md``)::
 
     replay/manifest.jsonl   append-only log, one JSON object a line, never rewritten
     replay/chunks/NAME.gz   gzip chunks of V6 records (:func:`trainer.records.write_chunk`)
