@@ -1,5 +1,6 @@
 """What every ``cyzero bench`` benchmark shares: the registry its subcommand joins, its error,
-the ``--json``/``--seconds`` arguments, the JSON facts of a run, and small helpers."""
+the ``--json``/``--seconds`` arguments, the JSON facts of a run, its report (the JSON object or
+the text), and small helpers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from engine import __version__
 
@@ -64,6 +65,17 @@ def positive_float(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
     return value
+
+
+def report(args: argparse.Namespace, summary: dict, text: Callable[[dict], Iterable[str]]) -> int:
+    """A bench's last words: with ``--json`` the summary alone, one JSON object on stdout; else
+    the lines of ``text(summary)``, its reading for a person. Returns the exit code, 0."""
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for line in text(summary):
+            print(line)
+    return 0
 
 
 def run_facts(started: float) -> dict:

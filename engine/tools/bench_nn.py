@@ -4,15 +4,17 @@ alternating in short rounds (lc0's ``backendbench``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
+from typing import Iterator
 
 from engine import processor
 from engine.sessions import BACKENDS
-from engine.tools.bench_common import BenchError, batch_list, environment, fmt_int, json_and_seconds, register
+from engine.tools.bench_common import (
+    BenchError, batch_list, environment, fmt_int, json_and_seconds, register, report,
+)
 
 
 NN_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -375,33 +377,31 @@ def bench_nn(args: argparse.Namespace) -> int:
             "clock_ghz": processor.clock_ghz(),
         },
     }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print()
-    for label in labels:
-        v = variants[label]
+    return report(args, summary, lambda summary: _nn_text(summary, cpu))
+
+
+def _nn_text(summary: dict, cpu: bool) -> Iterator[str]:
+    """The best of each network, the ratios, and (``cpu``: the CPU's runtimes were timed) what
+    the peak is; the table's rows came as they were measured."""
+    yield ""
+    for label, v in summary["variants"].items():
         share = f", {v['share_of_peak']:.0%} of the nominal {v['precision'] if v['precision'] in ('int8', 'bf16') else 'fp32'} " \
                 f"peak ({v['macs_per_position'] / 1e6:.1f}M MACs a position)" if v["share_of_peak"] else ""
-        print(f"best {label}: {fmt_int(v['best_positions_per_second'])} pos/s at batch {v['best_batch']}{share}")
-    for r, ratio in over_base.items():
-        print(f"{r} over {base}: {ratio['best']:.2f}x at the best batch sizes, "
-              f"{ratio['by_batch'].get('8', float('nan')):.2f}x at batch 8 (the search's)")
-    for name, value, by_batch in (
-        ("int8", int8_speedup, int8_by_batch),
-        ("fp16", fp16_speedup, fp16_by_batch),
-    ):
+        yield f"best {label}: {fmt_int(v['best_positions_per_second'])} pos/s at batch {v['best_batch']}{share}"
+    for r, ratio in summary["speedup_over_baseline"].items():
+        yield (f"{r} over {summary['baseline']}: {ratio['best']:.2f}x at the best batch sizes, "
+               f"{ratio['by_batch'].get('8', float('nan')):.2f}x at batch 8 (the search's)")
+    provider = summary["provider"]
+    for name in ("int8", "fp16"):
+        value = summary[f"{name}_speedup"]
         if value is not None:
             slower = "" if value >= 1 else f" ({name} is slower here)"
-            print(
-                f"{name} over fp32 on {_LABEL_OF.get(first.provider, first.provider)}: "
-                f"{value:.2f}x at the best batch sizes{slower}"
-            )
+            yield (f"{name} over fp32 on {_LABEL_OF.get(provider, provider)}: "
+                   f"{value:.2f}x at the best batch sizes{slower}")
     if cpu:
-        print("peak: the processor's instruction set at its clock, two vector ports a core "
-              "(engine/processor.py); AVX-512 on 256-bit units (AMD Zen 4) reaches half of it")
-    print(f"{summary['wall_seconds']:.1f} s")
-    return 0
+        yield ("peak: the processor's instruction set at its clock, two vector ports a core "
+               "(engine/processor.py); AVX-512 on 256-bit units (AMD Zen 4) reaches half of it")
+    yield f"{summary['wall_seconds']:.1f} s"
 
 
 def _openvino_version() -> str | None:

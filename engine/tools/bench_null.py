@@ -4,14 +4,14 @@ that costs nothing, beside lc0's ``random`` backend when an lc0 binary is given.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
+from typing import Iterator
 
 from engine import processor
 from engine.params import SearchParams
 from engine.tools.bench_common import (
-    BenchError, batch_list, fmt_int, json_and_seconds, register, require_core, run_facts,
+    BenchError, batch_list, fmt_int, json_and_seconds, register, report, require_core, run_facts,
 )
 from engine.tools.bench_search import timed_search
 from engine.tools.bench_tree import TREE_POSITIONS
@@ -254,18 +254,22 @@ def bench_null(args: argparse.Namespace) -> int:
         "rows": rows,
         **run_facts(started),
     }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print()
-    for batch, total in totals.items():
-        print(f"total, MinibatchSize {batch}: cyzero {fmt_int(total['cyzero_nodes_per_s'])} nodes/s "
-              f"({fmt_int(total['cyzero_nodes_per_cpu_s'])} a CPU second)"
-              + (f", lc0 {fmt_int(total['lc0_nodes_per_s'])} nodes/s ({fmt_int(total['lc0_nodes_per_cpu_s'])} "
-                 f"a CPU second): cyzero / lc0 = {total['ratio'] or 0:.2f} ({total['cpu_ratio'] or 0:.2f} per "
-                 "CPU second)" if lc0 else ""))
+    return report(args, summary, _null_text)
+
+
+def _null_text(summary: dict) -> Iterator[str]:
+    """The totals of each MinibatchSize and the machine's load; the table's rows came as they
+    were measured."""
+    lc0 = summary["lc0"]
+    yield ""
+    for batch, total in summary["totals"].items():
+        yield (f"total, MinibatchSize {batch}: cyzero {fmt_int(total['cyzero_nodes_per_s'])} nodes/s "
+               f"({fmt_int(total['cyzero_nodes_per_cpu_s'])} a CPU second)"
+               + (f", lc0 {fmt_int(total['lc0_nodes_per_s'])} nodes/s ({fmt_int(total['lc0_nodes_per_cpu_s'])} "
+                  f"a CPU second): cyzero / lc0 = {total['ratio'] or 0:.2f} ({total['cpu_ratio'] or 0:.2f} per "
+                  "CPU second)" if lc0 else ""))
     if not lc0:
-        print(f"(set {LC0_ENV} to an lc0 binary, or pass --lc0, to measure lc0's random backend beside it)")
-    print(f"machine: {summary['processor']}; load average {load_before[0]:.2f} at the start, "
-          f"{load_after[0]:.2f} at the end; {summary['wall_seconds']:.1f} s")
-    return 0
+        yield f"(set {LC0_ENV} to an lc0 binary, or pass --lc0, to measure lc0's random backend beside it)"
+    load = summary["load_average"]   # rounded to 2 places, as the line shows them
+    yield (f"machine: {summary['processor']}; load average {load['start'][0]:.2f} at the start, "
+           f"{load['end'][0]:.2f} at the end; {summary['wall_seconds']:.1f} s")

@@ -4,13 +4,14 @@ the counts checked against each other and the published ones before a speed is r
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
-from engine.tools.bench_common import BenchError, environment, fmt_int, json_and_seconds, register, require_core
+from engine.tools.bench_common import (
+    BenchError, environment, fmt_int, json_and_seconds, register, report, require_core,
+)
 
 
 @dataclass(frozen=True)
@@ -247,12 +248,12 @@ def bench_perft(args: argparse.Namespace) -> int:
         "positions": positions,
         "environment": environment(),
     }
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(
-            f"total: core {fmt_int(core_nps)} nodes/s, python-chess {fmt_int(py_nps)} nodes/s, "
-            f"ratio {ratio:.1f} (geometric mean over positions {geomean:.1f}), "
-            f"{summary['wall_seconds']:.1f} s"
-        )
-    return 0
+    return report(args, summary, lambda summary: _perft_text(summary, core_nps, py_nps, ratio, geomean))
+
+
+def _perft_text(summary: dict, core_nps: float, py_nps: float, ratio: float, geomean: float) -> Iterator[str]:
+    """The total line, its figures unrounded (the summary's are rounded); each position's lines
+    came as it was measured."""
+    yield (f"total: core {fmt_int(core_nps)} nodes/s, python-chess {fmt_int(py_nps)} nodes/s, "
+           f"ratio {ratio:.1f} (geometric mean over positions {geomean:.1f}), "
+           f"{summary['wall_seconds']:.1f} s")

@@ -5,14 +5,14 @@ another; :class:`CountingNetwork` and :func:`replay` are reused by ``cyzero-trai
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
+from typing import Iterator
 
 from engine import processor
 from engine.params import SearchParams
 from engine.sessions import BACKENDS
-from engine.tools.bench_common import BenchError, fmt_int, json_and_seconds, register, run_facts
+from engine.tools.bench_common import BenchError, fmt_int, json_and_seconds, register, report, run_facts
 from engine.tools.bench_nn import nn_inputs
 from engine.tools.bench_tree import TREE_POSITIONS
 
@@ -279,29 +279,33 @@ def bench_search(args: argparse.Namespace) -> int:
         "positions": positions,
         **run_facts(started),
     }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print()
-    for label, mode in modes.items():
-        print(f"total, {label}{' (the UCI search here)' if label == uci_mode else ''}: search "
-              f"{fmt_int(mode['search_nodes_per_s'])} nodes/s, raw evaluate at the same sizes "
-              f"{fmt_int(mode['raw_positions_per_s'])} positions/s: efficiency {mode['efficiency']:.1%} "
-              f"(target >= 90%); the network was busy {mode['network_busy']:.1%} of the time")
-    print(f"{summary['bytes_per_node']:.1f} bytes per node")
-    print()
-    print(f"go movetime {short['movetime_ms']}: nodes vs raw capacity (UCI defaults, Move Overhead "
-          f"{short['move_overhead_ms']} ms: {short['budget_ms']} ms to search): median "
-          f"{fmt_int(short['median_nodes'])} nodes of {fmt_int(short['raw_capacity'])} = "
-          f"{short['ratio']:.0%} (target >= 50%); all {short['nodes']}")
+    return report(args, summary, _search_text)
+
+
+def _search_text(summary: dict) -> Iterator[str]:
+    """The totals of each mode, the short movetime and the baseline; the table's rows came as
+    they were measured."""
+    yield ""
+    for label, mode in summary["modes"].items():
+        yield (f"total, {label}{' (the UCI search here)' if label == summary['uci_mode'] else ''}: search "
+               f"{fmt_int(mode['search_nodes_per_s'])} nodes/s, raw evaluate at the same sizes "
+               f"{fmt_int(mode['raw_positions_per_s'])} positions/s: efficiency {mode['efficiency']:.1%} "
+               f"(target >= 90%); the network was busy {mode['network_busy']:.1%} of the time")
+    yield f"{summary['bytes_per_node']:.1f} bytes per node"
+    yield ""
+    short = summary["short_movetime"]
+    yield (f"go movetime {short['movetime_ms']}: nodes vs raw capacity (UCI defaults, Move Overhead "
+           f"{short['move_overhead_ms']} ms: {short['budget_ms']} ms to search): median "
+           f"{fmt_int(short['median_nodes'])} nodes of {fmt_int(short['raw_capacity'])} = "
+           f"{short['ratio']:.0%} (target >= 50%); all {short['nodes']}")
+    baseline = summary["baseline"]
     if baseline:
-        print()
-        print(f"the engine's nodes/s, {baseline['network']} against {baseline['baseline_network']}, "
-              f"alternating over the same positions: {fmt_int(baseline['search_nodes_per_s'])} against "
-              f"{fmt_int(baseline['baseline_nodes_per_s'])} = {baseline['ratio']:.2f}x")
-    print(f"machine: {summary['processor']}; threads: {args.threads or 'the runtime default'}")
-    print(f"{summary['wall_seconds']:.1f} s")
-    return 0
+        yield ""
+        yield (f"the engine's nodes/s, {baseline['network']} against {baseline['baseline_network']}, "
+               f"alternating over the same positions: {fmt_int(baseline['search_nodes_per_s'])} against "
+               f"{fmt_int(baseline['baseline_nodes_per_s'])} = {baseline['ratio']:.2f}x")
+    yield f"machine: {summary['processor']}; threads: {summary['threads'] or 'the runtime default'}"
+    yield f"{summary['wall_seconds']:.1f} s"
 
 
 def _engine_network(path: str | None, backend: str, threads: int | None, options: dict, log):

@@ -4,13 +4,15 @@ reference, both with the null evaluator."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
+from typing import Iterator
 
 from engine.params import SearchParams
-from engine.tools.bench_common import BenchError, environment, fmt_int, json_and_seconds, register, require_core
+from engine.tools.bench_common import (
+    BenchError, environment, fmt_int, json_and_seconds, register, report, require_core,
+)
 
 
 # The start position and two middlegames (perft position 6, and a Queen's Gambit
@@ -226,18 +228,16 @@ def bench_tree(args: argparse.Namespace) -> int:
         "positions": positions,
         "environment": {**environment(), "cpu_count": os.cpu_count()},
     }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print()
-    print(
-        f"total: cython {fmt_int(cython_pps)} playouts/s, python {fmt_int(python_pps)} playouts/s, "
-        f"ratio {ratio:.1f}x (geometric mean over positions {geomean:.1f}x; "
-        f"{summary['ratio_growing_encoded']:.1f}x for one growing Cython search that also writes planes)"
-    )
-    print(
-        f"bytes per node: {start_bpn:.1f} from the start position "
-        f"(up to {summary['bytes_per_node_max']:.1f}: a node with more legal moves has more edges); "
-        f"{summary['wall_seconds']:.1f} s"
-    )
-    return 0
+    return report(args, summary, lambda summary: _tree_text(summary, cython_pps, python_pps, ratio, geomean))
+
+
+def _tree_text(summary: dict, cython_pps: float, python_pps: float, ratio: float, geomean: float) -> Iterator[str]:
+    """The totals (unrounded; the summary's are rounded) and bytes per node; the table's rows
+    came as they were measured."""
+    yield ""
+    yield (f"total: cython {fmt_int(cython_pps)} playouts/s, python {fmt_int(python_pps)} playouts/s, "
+           f"ratio {ratio:.1f}x (geometric mean over positions {geomean:.1f}x; "
+           f"{summary['ratio_growing_encoded']:.1f}x for one growing Cython search that also writes planes)")
+    yield (f"bytes per node: {summary['bytes_per_node']:.1f} from the start position "
+           f"(up to {summary['bytes_per_node_max']:.1f}: a node with more legal moves has more edges); "
+           f"{summary['wall_seconds']:.1f} s")

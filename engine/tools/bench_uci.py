@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
+from typing import Iterator
 
 from engine.sessions import BACKENDS
-from engine.tools.bench_common import BenchError, batch_list, register, run_facts
+from engine.tools.bench_common import BenchError, batch_list, register, report, run_facts
 
 
 # ``uci``: the UCI front end's latencies, measured on real engine processes over pipes, as a
@@ -23,6 +23,13 @@ from engine.tools.bench_common import BenchError, batch_list, register, run_fact
 UCI_MOVETIMES = (50, 100, 200, 300)
 # stop and isready: Stockfish answers in about 0.3 ms; a GUI that stops a search waits this long.
 UCI_TARGETS_MS = {"stop": 1.0, "isready": 1.0, "uciok": 500.0, "movetime_overshoot": 20.0}
+# Each measurement's name in the table.
+UCI_LABELS = {
+    "stop": "stop -> bestmove (go infinite)",
+    "isready": "isready -> readyok (searching)",
+    "uciok": "process start -> uciok",
+    "movetime_overshoot": "go movetime N: bestmove - N",
+}
 UCI_POSITIONS = (
     "position startpos",
     "position startpos moves e2e4 e7e5 g1f3 b8c6 f1b5 a7a6",
@@ -250,35 +257,32 @@ def bench_uci(args: argparse.Namespace) -> int:
         "all_targets_met": None if None in met.values() else all(met.values()),
         **run_facts(started),
     }
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    labels = {
-        "stop": "stop -> bestmove (go infinite)",
-        "isready": "isready -> readyok (searching)",
-        "uciok": "process start -> uciok",
-        "movetime_overshoot": "go movetime N: bestmove - N",
-    }
-    print(f"engine: {' '.join(command)}; Backend {args.backend}, Move Overhead 0, "
-          + (f"Threads {args.threads}" if args.threads is not None else "Threads: the engine's default")
-          + f"; {os.cpu_count()} CPUs")
-    print(f"{'measurement':<34}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  {'target':<14}{'met':>4}")
+    return report(args, summary, _uci_text)
+
+
+def _uci_text(summary: dict) -> Iterator[str]:
+    """The table: each measurement's percentiles against its target, the overshoot by movetime."""
+    threads, results, met = summary["threads"], summary["results"], summary["targets_met"]
+    yield (f"engine: {' '.join(summary['command'])}; Backend {summary['backend']}, Move Overhead 0, "
+           + (f"Threads {threads}" if threads is not None else "Threads: the engine's default")
+           + f"; {summary['environment']['cpu_count']} CPUs")
+    yield f"{'measurement':<34}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}  {'target':<14}{'met':>4}"
+
     def p99(r: dict) -> str:
         return f"{r['p99_ms']:>10.2f}" if r["p99_ms"] is not None else f"{'-':>10}"
 
-    for key, label in labels.items():
+    for key, label in UCI_LABELS.items():
         r = results[key]
         target = f"p99 < {UCI_TARGETS_MS[key]:g} ms"
         verdict = {True: "yes", False: "NO", None: "-"}[met[key]]
-        print(f"{label:<34}{r['n']:>6}{r['p50_ms']:>10.2f}{p99(r)}{r['max_ms']:>10.2f}  "
-              f"{target:<14}{verdict:>4}")
+        yield (f"{label:<34}{r['n']:>6}{r['p50_ms']:>10.2f}{p99(r)}{r['max_ms']:>10.2f}  "
+               f"{target:<14}{verdict:>4}")
     for n, r in results["movetime_overshoot"]["by_movetime"].items():
-        print(f"  {'movetime ' + n + ' ms':<32}{r['n']:>6}{r['p50_ms']:>10.2f}{p99(r)}{r['max_ms']:>10.2f}")
-    missed = [labels[k] for k, ok in met.items() if ok is False]
-    unjudged = [labels[k] for k, ok in met.items() if ok is None]
-    print(f"targets met: {sum(ok is True for ok in met.values())} of {len(met)}"
-          + (f" (missed: {'; '.join(missed)})" if missed else "")
-          + (f"; not judged, fewer than {P99_SAMPLES} samples for a p99 (--trials, --starts): "
-             f"{'; '.join(unjudged)}" if unjudged else "")
-          + f"; {summary['wall_seconds']:.1f} s")
-    return 0
+        yield f"  {'movetime ' + n + ' ms':<32}{r['n']:>6}{r['p50_ms']:>10.2f}{p99(r)}{r['max_ms']:>10.2f}"
+    missed = [UCI_LABELS[k] for k, ok in met.items() if ok is False]
+    unjudged = [UCI_LABELS[k] for k, ok in met.items() if ok is None]
+    yield (f"targets met: {sum(ok is True for ok in met.values())} of {len(met)}"
+           + (f" (missed: {'; '.join(missed)})" if missed else "")
+           + (f"; not judged, fewer than {P99_SAMPLES} samples for a p99 (--trials, --starts): "
+              f"{'; '.join(unjudged)}" if unjudged else "")
+           + f"; {summary['wall_seconds']:.1f} s")

@@ -34,16 +34,17 @@ Benchmark (``cyzero bench mates``, :func:`run_bench`)
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import chess
+
+from engine.tools.bench_common import report
 
 __all__ = ["DEFAULT_NODES", "MATES_PATH", "MatePosition", "MatesError", "add_arguments", "engine_searcher",
            "generate", "load_positions", "mate_moves", "run_bench", "score"]
@@ -313,17 +314,18 @@ def run_bench(args: argparse.Namespace, search: Optional[SearchFn] = None) -> in
     result = score(positions, args.nodes, search, say)
     summary = {"benchmark": "mates", "positions_file": str(args.positions), "weights": args.weights,
                **result, "wall_seconds": round(time.perf_counter() - started, 3)}
-    if args.json:
-        print(json.dumps(summary))
-        return 0
-    print(f"{'nodes':>8}" + "".join(f"{'mate in ' + str(m):>14}" for m in LENGTHS) + f"{'all':>14}{'s/search':>10}")
+    return report(args, summary, _bench_text)
+
+
+def _bench_text(summary: dict) -> Iterator[str]:
+    """The table: the share solved by mate length and overall, a row a node budget."""
+    yield f"{'nodes':>8}" + "".join(f"{'mate in ' + str(m):>14}" for m in LENGTHS) + f"{'all':>14}{'s/search':>10}"
     for b in summary["budgets"]:
         cells = [b["by_mate"][str(m)] for m in LENGTHS] + [b]
-        print(f"{b['nodes']:>8}" + "".join(
+        yield (f"{b['nodes']:>8}" + "".join(
             f"{(c['share'] or 0):>8.0%} {c['solved']:>2}/{c['positions']:<2}" for c in cells)
             + f"{b['mean_search_s']:>10.3f}")
-    print(f"{summary['wall_seconds']:.1f} s")
-    return 0
+    yield f"{summary['wall_seconds']:.1f} s"
 
 
 # --------------------------------------------------------------------------- command line
