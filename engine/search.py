@@ -565,9 +565,13 @@ class Searcher:
                 self._last_info_at = now
                 info = self.info()
                 self._last_info = info
-                self._on_info(info)
+                # The snapshot before the report: a stop that finds the tree lock held (this thread,
+                # writing the line to a slow stdout) plays the snapshot's move, and found none here
+                # (the first round's line half written) it evaluated the root again to play the
+                # policy's move, "not searched", though the line the GUI then read had searched it.
                 pv = info.lines[0].pv if info.lines and info.lines[0].move == best else []
                 self._snapshot = (best, pv[1] if len(pv) > 1 else None) if best else None
+                self._on_info(info)
 
     def _finish(self, generation: Optional[int] = None) -> None:
         """Report the best move once per go (from stop() or the thread, whichever is first).

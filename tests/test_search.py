@@ -650,6 +650,34 @@ def test_no_info_after_the_best_move_when_stop_meets_an_info_report():
     assert order.count("best") == 1 and order[-1] == "best", order[-5:]
 
 
+def test_a_stop_while_the_first_info_line_is_written_plays_its_move_searched():
+    """A stop that finds the search thread writing its first info line (stdout slow on a busy
+    machine, the tree lock held) plays that line's move, from the snapshot: not the root
+    evaluated again and its policy's move called "not searched", as a loaded CI run of a GUI
+    changing options between 0.3 s moves found (the line had searched it)."""
+    s = Searcher(lambda: FakeNetwork(), SearchParams(minibatch_size=16))
+    logged, infos, results = [], [], []
+    s.log = logged.append
+    writing, release = threading.Event(), threading.Event()
+
+    def on_info(info):
+        infos.append(info)
+        if threading.current_thread().name == "cyzero-search" and len(infos) == 1:
+            writing.set()
+            assert release.wait(TIMEOUT), "never released"
+
+    s.start(Board(), GoParams(infinite=True), on_info, results.append)
+    assert writing.wait(TIMEOUT), "no info report came"
+    stopper = threading.Thread(target=s.stop)
+    stopper.start()
+    time.sleep(0.1)       # the stop finds the tree lock held and reports once the line is out
+    release.set()
+    stopper.join(TIMEOUT)
+    s.wait(TIMEOUT)
+    assert [r.best for r in results] == [infos[0].lines[0].move]
+    assert not [line for line in logged if "not searched" in line], logged
+
+
 def test_a_new_go_during_an_info_report_neither_deadlocks_nor_reports_late():
     """start() holds the go lock while it waits for the tree lock, which the old search thread
     holds while it reports: the report must not wait for the go lock (a deadlock a loaded CI run
