@@ -42,7 +42,7 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import msgpack
 
@@ -588,6 +588,21 @@ def load_server_keys(secret_file: str | os.PathLike) -> tuple[bytes, bytes]:
 # --------------------------------------------------------------------------- the daemon's side
 
 
+
+def waiting(socket: Any, most: int, copy: bool = True) -> Iterator[Any]:
+    """The messages ``socket`` holds now, ``most`` at most, read without blocking, each when the one
+    before is handled: one socket's burst must not keep a loop from its other work (the daemon's
+    ingest and announcer, a worker, the fleet bench's simulated peers)."""
+    import zmq
+
+    for _ in range(most):
+        try:
+            frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
+        yield frames
+
+
 class Announcer:
     """The daemon's publisher: binds PUB (and a ROUTER serving the announced bytes, if asked).
 
@@ -707,12 +722,7 @@ class Announcer:
                 self._stop.wait(0.5)
 
     def _answer_fetches(self, router: Any) -> None:
-        zmq = self._zmq
-        for _ in range(64):
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in waiting(router, 64):
             identity, body = frames[0], frames[1:]
             try:
                 reply = self._reply(decode_fetch_request(body))

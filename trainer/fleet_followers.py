@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import zmq
 
 from engine.announce import (
     FETCH_PIECE_BYTES, FETCH_VERSION, MAX_HEADER_BYTES, TOPIC, AnnouncementError, NetworkAnnouncement, RangeFetch,
-    decode_network_announcement,
+    decode_network_announcement, waiting,
 )
 from engine.watchers import FETCH_TIMEOUT_S, peer_endpoint
 from trainer.fleet_daemon import proc_bytes, reset_peak_rss
@@ -29,17 +29,6 @@ from trainer.fleet_daemon import proc_bytes, reset_peak_rss
 __all__ = ["Followers"]
 
 _DRAIN = 64  # replies read from one socket before the loop looks at the others
-
-
-def _waiting(sock: Any, most: int, copy: bool = True) -> Iterator[Any]:
-    """The messages ``sock`` holds now, ``most`` at most, read without blocking: one socket's burst must
-    not keep the loop from the others."""
-    for _ in range(most):
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-        except zmq.Again:
-            return
-        yield frames
 
 
 @dataclasses.dataclass
@@ -125,7 +114,7 @@ class Followers:
             self.error = e
 
     def _announcements(self, i: int) -> None:
-        for frames in _waiting(self.subs[i], _DRAIN):
+        for frames in waiting(self.subs[i], _DRAIN):
             try:
                 a = decode_network_announcement(frames)
             except AnnouncementError:
@@ -173,7 +162,7 @@ class Followers:
         """Read what came for follower ``i``'s fetch and ask for more; True when the fetch has ended."""
         fetch = self.fetching[i]
         assert fetch is not None
-        for frames in _waiting(fetch.socket, _DRAIN, copy=False):
+        for frames in waiting(fetch.socket, _DRAIN, copy=False):
             try:
                 fetch.fetch.receive(frames)  # hashed there; nothing is kept
                 if fetch.fetch.done:

@@ -27,6 +27,7 @@ import numpy as np
 import zmq
 
 from engine import __version__
+from engine.announce import waiting
 from trainer import wire
 from trainer.worker import HEARTBEAT_S, MAX_UNACKED_GAMES, REGISTER_S, RESEND_S, configure_dealer
 
@@ -299,11 +300,7 @@ class Fleet:
     # -- replies ----------------------------------------------------------------------
 
     def _read(self, worker: _SimWorker, now: float) -> None:
-        for _ in range(256):
-            try:
-                frames = worker.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in waiting(worker.socket, 256, copy=False):
             try:
                 message = wire.decode(frames)
             except wire.WireError:

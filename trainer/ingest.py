@@ -14,10 +14,11 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import zmq
 
+from engine.announce import waiting
 from trainer import wire
 from trainer.atomic import append_durably
 from trainer.config import TrainConfig
@@ -120,15 +121,6 @@ class _RecentIds:
                 self._ids.discard(self._order.popleft())
 
 
-def waiting(socket: Any, most: int) -> Iterator[list]:
-    """The messages waiting on ``socket``, ``most`` at most, each read when the one before is handled."""
-    for _ in range(most):
-        try:
-            yield socket.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return
-
-
 class Ingest:
     """The workers' side of the daemon: the ROUTER (``router``), the replay store it writes (``store``,
     from :meth:`open`), the games buffered until a flush, the credit, and the counts of what is stored.
@@ -202,7 +194,7 @@ class Ingest:
     def receive(self) -> None:
         """Read what waits (RECEIVE_BATCH messages at most), storing a chunk whenever flush_games are
         buffered; at the end, store what a worker waits on (it sent all its credit allows)."""
-        for frames in waiting(self.router, RECEIVE_BATCH):
+        for frames in waiting(self.router, RECEIVE_BATCH, copy=False):
             try:
                 message = wire.decode(frames[1:])
             except wire.WireError as e:

@@ -46,7 +46,7 @@ import time
 from typing import Any, Callable, Optional
 
 from engine import __version__
-from engine.announce import load_client_keys
+from engine.announce import load_client_keys, waiting
 from engine.book import Tablebases
 from engine.network_manager import NetworkManager
 from engine.swap import Proposal
@@ -290,11 +290,7 @@ class _Link:
             if draining and (not self.unacked or now >= self._drain_until):  # type: ignore[operator]
                 return
             if sock.poll(_POLL_MS, self._zmq.POLLIN):
-                for _ in range(256):
-                    try:
-                        frames = sock.recv_multipart(self._zmq.NOBLOCK, copy=False)
-                    except self._zmq.Again:
-                        break
+                for frames in waiting(sock, 256, copy=False):
                     self._receive(frames)
 
     def _link(self, reached: bool, now: float) -> None:
