@@ -14,6 +14,8 @@ from uci.session import run
 # switches more often while no thread waits: the search thread alone, or ONNX Runtime's threads,
 # which run without the GIL.
 SWITCH_INTERVAL_S = 0.0001
+# Libraries whose threads outlive the engine's own: the process leaves with os._exit once they are in.
+NATIVE_RUNTIMES = ("onnxruntime", "openvino")
 
 
 def terminal_hint() -> str:
@@ -60,10 +62,13 @@ def main(argv=None) -> int:
         # build and looks hung. stderr: stdout carries nothing but UCI.
         print(terminal_hint(), file=sys.stderr, flush=True)
     code = run()
-    if threading.active_count() > 1:
-        # A search or a network load may still be inside ONNX Runtime on a daemon thread;
-        # finalizing the interpreter under it aborts the process ("terminate called without
-        # an active exception", SIGABRT). Everything was written and flushed: leave at once.
+    if threading.active_count() > 1 or any(name in sys.modules for name in NATIVE_RUNTIMES):
+        # A search or a network load may still be inside ONNX Runtime on a daemon thread, and
+        # the runtimes keep native threads of their own that Python does not count (OpenVINO's
+        # pool); finalizing the interpreter under either aborts the process ("terminate called
+        # without an active exception", SIGABRT: once in a clean-clone test run, at quit after a
+        # first load inside go, no Python thread left). Everything was written and flushed:
+        # leave at once.
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
